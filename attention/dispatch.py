@@ -1,0 +1,182 @@
+"""The one entry point for attention: validate inputs, pick a backend, run it.
+
+Layout: every tensor is ``(B, S, H, D)`` (batch, sequence, heads, head dim), as flash-attn and
+xformers use natively; backends that want ``(B, H, S, D)`` transpose internally. ``q`` may be
+shorter than ``k``/``v``: queries are then the last positions of the key sequence (see
+:mod:`vidgen.attention.patterns`).
+
+Which backend runs is resolved in this order:
+
+1. the ``backend=`` argument of :func:`dispatch_attention`;
+2. the innermost ``with attention_backend(name):`` block;
+3. the ``VIDGEN_ATTENTION_BACKEND`` environment variable;
+4. the automatic choice (:func:`auto_backend`).
+
+A choice made by 1-3 is obeyed or fails loudly: an unknown name raises ``ValueError`` listing
+the known ones, and a backend that cannot run the inputs (not installed, wrong device, dtype
+or pattern, no backward) raises :class:`BackendUnavailableError` saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from contextvars import ContextVar
+
+import torch
+
+from vidgen.attention.backend_flex import compile_enabled as _flex_compile_enabled
+from vidgen.attention.patterns import AttentionPattern, PatternKind
+from vidgen.attention.registry import AttentionBackend, get_backend
+
+ENV_VAR = "VIDGEN_ATTENTION_BACKEND"
+
+FLEX_CPU_MIN_TOKENS = 8192
+"""Automatic choice on CPU: compiled flex only from this many keys on (below, compiling does not pay)."""
+FLEX_CPU_MAX_DENSITY = 0.25
+"""Automatic choice on CPU: compiled flex only for patterns that show at most this fraction of the keys."""
+
+_FULL = AttentionPattern.full()
+_CHOSEN: ContextVar[str | None] = ContextVar("vidgen_attention_backend", default=None)
+
+
+class BackendUnavailableError(RuntimeError):
+    """The requested attention backend cannot run here; the message says why."""
+
+
+@contextlib.contextmanager
+def attention_backend(name: str | None) -> Iterator[None]:
+    """Use backend ``name`` for :func:`dispatch_attention` calls inside the block (None: back to automatic).
+
+    Overrides ``VIDGEN_ATTENTION_BACKEND``; an explicit ``backend=`` argument still wins.
+    Unknown names fail at the ``with`` line.
+    """
+    if name is not None:
+        get_backend(name)
+    token = _CHOSEN.set(name)
+    try:
+        yield
+    finally:
+        _CHOSEN.reset(token)
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    tensors = {"q": q, "k": k, "v": v}
+    shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in tensors.items())
+    if any(t.dim() != 4 for t in tensors.values()):
+        raise ValueError(f"q, k and v must be 4-D (B, S, H, D); got {shapes}")
+    for axis, label in ((0, "batch (B)"), (2, "heads (H)"), (3, "head dim (D)")):
+        if len({t.shape[axis] for t in tensors.values()}) > 1:
+            raise ValueError(f"q, k and v disagree on {label}, axis {axis} of (B, S, H, D): {shapes}")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"k and v must have the same sequence length (axis 1 of (B, S, H, D)): {shapes}")
+    if len({t.dtype for t in tensors.values()}) > 1:
+        dtypes = ", ".join(f"{n} {t.dtype}" for n, t in tensors.items())
+        raise ValueError(f"q, k and v must share a dtype; got {dtypes}")
+    if len({t.device for t in tensors.values()}) > 1:
+        devices = ", ".join(f"{n} {t.device}" for n, t in tensors.items())
+        raise ValueError(f"q, k and v must be on one device; got {devices}")
+    if not q.dtype.is_floating_point:
+        raise ValueError(f"attention needs floating-point tensors, got {q.dtype}")
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _flex_pays_on_cpu(q_len: int, kv_len: int, pattern: AttentionPattern, needs_grad: bool) -> bool:
+    return (
+        not needs_grad
+        and pattern.kind is not PatternKind.FULL
+        and not pattern.is_block_structured
+        and kv_len >= FLEX_CPU_MIN_TOKENS
+        and _flex_compile_enabled()
+        and pattern.density(q_len, kv_len) <= FLEX_CPU_MAX_DENSITY
+    )
+
+
+def auto_backend(
+    q: torch.Tensor, kv_len: int, pattern: AttentionPattern, needs_grad: bool
+) -> AttentionBackend:
+    """The automatic choice.
+
+    * CUDA: ``flash`` > ``flex`` > ``sdpa``, the first that is usable and accepts the inputs
+      (flash-attn needs fp16/bf16 and no tile pattern).
+    * CPU: ``sdpa``, except for long sparse inference that sdpa can only run densely, where
+      compiled ``flex`` pays: no grad, a ``tile`` pattern (or any other that is not
+      block-structured), at least :data:`FLEX_CPU_MIN_TOKENS` keys, at most
+      :data:`FLEX_CPU_MAX_DENSITY` of them visible, and flex compiling not switched off.
+      Block-causal and sliding-window patterns stay on sdpa: its blockwise path is linear in
+      length too, measured as fast as compiled flex on CPU, and has a backward.
+    """
+    if q.device.type == "cuda":
+        order = ("flash", "flex", "sdpa")
+    elif q.device.type == "cpu" and _flex_pays_on_cpu(q.shape[1], kv_len, pattern, needs_grad):
+        order = ("flex", "sdpa")
+    else:
+        order = ("sdpa",)
+    reasons = []
+    for name in order:
+        backend = get_backend(name)
+        reason = backend.unusable_reason() or backend.rejects(q, pattern, needs_grad)
+        if reason is None:
+            return backend
+        reasons.append(reason)
+    raise BackendUnavailableError("no attention backend can run these inputs: " + "; ".join(reasons))
+
+
+def select_backend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pattern: AttentionPattern | None = None,
+    backend: str | None = None,
+) -> AttentionBackend:
+    """The backend :func:`dispatch_attention` would run for these inputs (see the module docstring)."""
+    pattern = pattern or _FULL
+    needs_grad = _needs_grad(q, k, v)
+    for name, source in (
+        (backend, "the backend= argument"),
+        (_CHOSEN.get(), "attention_backend(...)"),
+        (os.environ.get(ENV_VAR) or None, f"${ENV_VAR}"),
+    ):
+        if name is None:
+            continue
+        chosen = get_backend(name)
+        reason = chosen.unusable_reason() or chosen.rejects(q, pattern, needs_grad)
+        if reason is not None:
+            raise BackendUnavailableError(
+                f"attention backend {name!r} (chosen by {source}) cannot run here: {reason}"
+            )
+        return chosen
+    return auto_backend(q, k.shape[1], pattern, needs_grad)
+
+
+def dispatch_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    pattern: AttentionPattern | None = None,
+    backend: str | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Scaled dot-product attention of ``q`` over ``k``/``v`` under ``pattern``.
+
+    Args:
+        q: (B, S_q, H, D) queries; when ``S_q < S_kv`` they are the last ``S_q`` positions.
+        k, v: (B, S_kv, H, D) keys and values.
+        pattern: which keys each query sees; None means full attention.
+        backend: a registered backend name, overriding the context manager, the environment
+            variable and the automatic choice.
+        scale: softmax scale; None means ``1 / sqrt(D)``.
+
+    Returns:
+        (B, S_q, H, D), in the dtype of ``q``.
+    """
+    _check_inputs(q, k, v)
+    pattern = pattern or _FULL
+    pattern.check_lengths(q.shape[1], k.shape[1])
+    chosen = select_backend(q, k, v, pattern, backend)
+    return chosen.run(q, k, v, pattern, scale)  # (B, S_q, H, D)

@@ -1,0 +1,1 @@
+"""TOML presets shipped with vidgen (installed as ``vidgen.configs``)."""

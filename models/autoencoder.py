@@ -1,0 +1,148 @@
+"""A light video autoencoder with the interface of diffusers' ``AutoencoderKLWan``.
+
+Same contract as Wan's VAE, so the pipeline treats both alike: video (B, 3, T, H, W) in [-1, 1]
+with ``T = 1 + 4k``; latents (B, z_dim, 1 + k, H / 4, W / 4); the first latent frame holds the
+first video frame alone and every later latent frame the next four frames; ``encode`` returns a
+``latent_dist``, ``decode`` a ``sample`` clamped to [-1, 1]; ``latents_mean``/``latents_std`` in
+the config normalise latents for the transformer.
+
+Design: each group of four frames is stacked on the channel axis and folded into 4x4 patches
+(pixel unshuffle), so every convolution runs at latent resolution; a small full-resolution head
+sharpens edges that cross patch borders. Groups are coded independently, which makes decoding a
+video chunk by chunk exactly equal to decoding it whole, with no state between chunks. It is the
+autoencoder of the embedded default model (see ``vidgen/default_model/MODEL_CARD.md`` for why it
+was chosen over a tiny ``AutoencoderKLWan``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.autoencoders.vae import DecoderOutput, DiagonalGaussianDistribution
+from diffusers.models.modeling_outputs import AutoencoderKLOutput
+from diffusers.models.modeling_utils import ModelMixin
+from torch import nn
+
+
+class ResBlock(nn.Module):
+    def __init__(self, channels: int, groups: int = 8) -> None:
+        super().__init__()
+        self.norm1 = nn.GroupNorm(groups, channels)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.norm2 = nn.GroupNorm(groups, channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        return x + self.conv2(F.silu(self.norm2(h)))
+
+
+class AutoencoderKLLite(ModelMixin, ConfigMixin):
+    """4x temporal, 4x spatial video autoencoder (see the module docstring)."""
+
+    _supports_gradient_checkpointing = False
+
+    @register_to_config
+    def __init__(
+        self,
+        in_channels: int = 3,
+        z_dim: int = 8,
+        hidden_channels: int = 96,
+        encoder_blocks: int = 3,
+        decoder_blocks: int = 4,
+        refine_channels: int = 32,
+        scale_factor_temporal: int = 4,
+        scale_factor_spatial: int = 4,
+        latents_mean: list[float] | None = None,
+        latents_std: list[float] | None = None,
+    ) -> None:
+        super().__init__()
+        t, s = scale_factor_temporal, scale_factor_spatial
+        folded = in_channels * t * s * s
+        self.encoder = nn.Sequential(
+            nn.Conv2d(folded, hidden_channels, 1),
+            *[ResBlock(hidden_channels) for _ in range(encoder_blocks)],
+            nn.GroupNorm(8, hidden_channels),
+            nn.SiLU(),
+            nn.Conv2d(hidden_channels, 2 * z_dim, 1),
+        )
+        self.decoder = nn.Sequential(
+            nn.Conv2d(z_dim, hidden_channels, 1),
+            *[ResBlock(hidden_channels) for _ in range(decoder_blocks)],
+            nn.GroupNorm(8, hidden_channels),
+            nn.SiLU(),
+            nn.Conv2d(hidden_channels, folded, 1),
+        )
+        frames_channels = in_channels * t
+        self.refine = nn.Sequential(
+            nn.Conv2d(frames_channels, refine_channels, 3, padding=1),
+            nn.SiLU(),
+            nn.Conv2d(refine_channels, frames_channels, 3, padding=1),
+        )
+        nn.init.zeros_(self.refine[-1].weight)
+        nn.init.zeros_(self.refine[-1].bias)
+        # start with a small posterior variance: a latent that is mostly noise at first trains badly
+        with torch.no_grad():
+            self.encoder[-1].bias[z_dim:].fill_(-6.0)
+
+    # ------------------------------------------------------------------ geometry
+    @property
+    def temporal_compression_ratio(self) -> int:
+        return self.config.scale_factor_temporal
+
+    @property
+    def spatial_compression_ratio(self) -> int:
+        return self.config.scale_factor_spatial
+
+    def _groups(self, video: torch.Tensor) -> torch.Tensor:
+        """(B, C, 1 + 4k, H, W) -> (B * (1 + k), C * 4, H, W); the first frame fills its own group."""
+        b, c, frames, h, w = video.shape
+        t = self.config.scale_factor_temporal
+        if (frames - 1) % t:
+            raise ValueError(f"the autoencoder takes 1 + {t}k frames, got {frames}")
+        first = video[:, :, :1].expand(b, c, t, h, w)
+        video = torch.cat([first, video[:, :, 1:]], dim=2)  # (B, C, (1 + k) * t, H, W)
+        groups = video.unflatten(2, (-1, t)).permute(0, 2, 3, 1, 4, 5)  # (B, 1 + k, t, C, H, W)
+        return groups.flatten(2, 3).flatten(0, 1)
+
+    # ------------------------------------------------------------------ encode
+    def encode_moments(self, video: torch.Tensor) -> torch.Tensor:
+        """Mean and log-variance, (B, 2 * z_dim, 1 + k, H / 4, W / 4)."""
+        b, _, frames, h, w = video.shape
+        s = self.config.scale_factor_spatial
+        if h % s or w % s:
+            raise ValueError(f"frame size {h}x{w} is not divisible by {s}")
+        x = F.pixel_unshuffle(self._groups(video), s)
+        moments = self.encoder(x)  # (B * groups, 2z, h, w)
+        return moments.unflatten(0, (b, -1)).transpose(1, 2)
+
+    def encode(self, x: torch.Tensor, return_dict: bool = True) -> AutoencoderKLOutput | tuple:
+        posterior = DiagonalGaussianDistribution(self.encode_moments(x))
+        return AutoencoderKLOutput(latent_dist=posterior) if return_dict else (posterior,)
+
+    # ------------------------------------------------------------------ decode
+    def decode_unclamped(self, z: torch.Tensor, first_latent_index: int = 0) -> torch.Tensor:
+        """Decode latents (B, z_dim, n, h, w) whose first frame is latent frame ``first_latent_index``
+        of the video; the output is not clamped (training needs gradients beyond [-1, 1])."""
+        b, _, n, h, w = z.shape
+        t, s = self.config.scale_factor_temporal, self.config.scale_factor_spatial
+        x = self.decoder(z.transpose(1, 2).flatten(0, 1))  # (B * n, C * t * s * s, h, w)
+        x = F.pixel_shuffle(x, s)  # (B * n, C * t, H, W)
+        x = x + self.refine(x)
+        video = x.unflatten(1, (t, -1)).unflatten(0, (b, n))  # (B, n, t, C, H, W)
+        video = video.permute(0, 3, 1, 2, 4, 5).flatten(2, 3)  # (B, C, n * t, H, W)
+        if first_latent_index == 0:
+            video = video[:, :, t - 1 :]  # the first latent frame decodes to one video frame
+        return video
+
+    def decode(
+        self, z: torch.Tensor, return_dict: bool = True, first_latent_index: int = 0
+    ) -> DecoderOutput | tuple:
+        video = self.decode_unclamped(z, first_latent_index).clamp(-1.0, 1.0)
+        return DecoderOutput(sample=video) if return_dict else (video,)
+
+    def forward(self, video: torch.Tensor, sample_posterior: bool = True) -> torch.Tensor:
+        posterior = self.encode(video).latent_dist
+        z = posterior.sample() if sample_posterior else posterior.mode()
+        return self.decode(z).sample

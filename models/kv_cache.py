@@ -1,0 +1,204 @@
+"""Self-attention KV cache for chunk-by-chunk generation: fixed sinks plus a sliding-window ring.
+
+Memory is fixed at construction (``sink_frames + window_frames`` latent frames per layer) and does
+not grow with the video. Frames ``< sink_frames`` go to the sink slots for good; every later frame
+``f`` goes to ring slot ``sink_frames + (f - sink_frames) % window_frames``, overwriting the frame
+that just left the window. Keys are stored *before* rotary embedding so that the model can give
+them whatever positions its position scheme assigns (see ``vidgen.models.rope``).
+
+Which frame sits in which slot is bookkeeping on the Python side (``slot_frames``): it depends only
+on the frame indices the pipeline writes, so reading it never synchronises with the device, and
+once the window is full every view has the same static shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+
+class KVCache(nn.Module):
+    """Per-layer key/value buffers of shape (L, B, slots * frame_tokens, H, D)."""
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        batch_size: int,
+        num_heads: int,
+        head_dim: int,
+        frame_tokens: int,
+        sink_frames: int,
+        window_frames: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        if sink_frames < 0 or window_frames < 0 or sink_frames + window_frames == 0:
+            raise ValueError(
+                f"KVCache needs sink_frames >= 0, window_frames >= 0 and at least one slot; "
+                f"got sink_frames={sink_frames}, window_frames={window_frames}"
+            )
+        self.num_layers = num_layers
+        self.frame_tokens = frame_tokens
+        self.sink_frames = sink_frames
+        self.window_frames = window_frames
+        self.capacity_frames = sink_frames + window_frames
+        shape = (num_layers, batch_size, self.capacity_frames * frame_tokens, num_heads, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        # slot -> absolute latent frame held there, -1 when empty
+        self.slot_frames: list[int] = [-1] * self.capacity_frames
+
+    # ---------------------------------------------------------------- bookkeeping
+    def slot_of(self, frame: int) -> int | None:
+        """Slot a frame is written to, or None when it is neither a sink nor kept by the window."""
+        if frame < self.sink_frames:
+            return frame
+        if self.window_frames == 0:
+            return None
+        return self.sink_frames + (frame - self.sink_frames) % self.window_frames
+
+    @property
+    def cached_frames(self) -> list[int]:
+        """Absolute frame indices held, in slot order."""
+        return [f for f in self.slot_frames if f >= 0]
+
+    @property
+    def num_cached_frames(self) -> int:
+        return sum(f >= 0 for f in self.slot_frames)
+
+    @property
+    def next_frame(self) -> int:
+        """One past the newest frame held (0 for an empty cache)."""
+        return max(self.slot_frames) + 1
+
+    def _valid_slots(self) -> list[int]:
+        return [s for s, f in enumerate(self.slot_frames) if f >= 0]
+
+    def reset(self) -> None:
+        self.slot_frames = [-1] * self.capacity_frames
+
+    # ---------------------------------------------------------------- reading
+    def view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of the held frames for ``layer``: (B, held_frames * frame_tokens, H, D)."""
+        slots = self._valid_slots()
+        if len(slots) == self.capacity_frames:
+            return self.k[layer], self.v[layer]
+        if slots == list(range(len(slots))):  # a filling cache holds a prefix of its slots
+            end = len(slots) * self.frame_tokens
+            return self.k[layer, :, :end], self.v[layer, :, :end]
+        index = self._token_index(slots, self.k.device)
+        return self.k[layer].index_select(1, index), self.v[layer].index_select(1, index)
+
+    def frame_index(self, device: torch.device | None = None) -> torch.Tensor:
+        """Absolute frame index of every held frame, in the order ``view`` returns them."""
+        return torch.tensor(self.cached_frames, dtype=torch.long, device=device or self.k.device)
+
+    def _token_index(self, slots: Sequence[int], device: torch.device) -> torch.Tensor:
+        t = self.frame_tokens
+        return torch.tensor([s * t + i for s in slots for i in range(t)], dtype=torch.long, device=device)
+
+    # ---------------------------------------------------------------- writing
+    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, first_frame: int) -> None:
+        """Store one layer's un-rotated ``key``/``value`` (B, F * frame_tokens, H, D) of frames
+        ``first_frame .. first_frame + F - 1``. Call :meth:`commit` once all layers have written."""
+        t = self.frame_tokens
+        num_frames = key.shape[1] // t
+        slots = [self.slot_of(first_frame + i) for i in range(num_frames)]
+        kept = [(i, s) for i, s in enumerate(slots) if s is not None]
+        if not kept:
+            return
+        src = [i for i, _ in kept]
+        dst = [s for _, s in kept]
+        if src == list(range(src[0], src[0] + len(src))) and dst == list(range(dst[0], dst[0] + len(dst))):
+            # contiguous frames into contiguous slots: a plain slice copy
+            a, b = src[0] * t, (src[-1] + 1) * t
+            c, d = dst[0] * t, (dst[-1] + 1) * t
+            self.k[layer, :, c:d].copy_(key[:, a:b])
+            self.v[layer, :, c:d].copy_(value[:, a:b])
+            return
+        src_index = self._token_index(src, key.device)
+        dst_index = self._token_index(dst, key.device)
+        self.k[layer].index_copy_(1, dst_index, key.index_select(1, src_index).to(self.k.dtype))
+        self.v[layer].index_copy_(1, dst_index, value.index_select(1, src_index).to(self.v.dtype))
+
+    def commit(self, first_frame: int, num_frames: int) -> None:
+        """Record that frames ``first_frame .. first_frame + num_frames - 1`` are now held."""
+        for frame in range(first_frame, first_frame + num_frames):
+            slot = self.slot_of(frame)
+            if slot is not None:
+                self.slot_frames[slot] = frame
+
+    # ---------------------------------------------------------------- copies and files
+    def clone(self) -> KVCache:
+        copy = KVCache.__new__(KVCache)
+        nn.Module.__init__(copy)
+        for name in ("num_layers", "frame_tokens", "sink_frames", "window_frames", "capacity_frames"):
+            setattr(copy, name, getattr(self, name))
+        copy.register_buffer("k", self.k.clone(), persistent=False)
+        copy.register_buffer("v", self.v.clone(), persistent=False)
+        copy.slot_frames = list(self.slot_frames)
+        return copy
+
+    def metadata(self) -> dict[str, str]:
+        return {
+            "format": "vidgen-kv-cache-1",
+            "geometry": json.dumps(
+                {
+                    "num_layers": self.num_layers,
+                    "frame_tokens": self.frame_tokens,
+                    "sink_frames": self.sink_frames,
+                    "window_frames": self.window_frames,
+                    "shape": list(self.k.shape),
+                    "dtype": str(self.k.dtype).removeprefix("torch."),
+                }
+            ),
+            "slot_frames": json.dumps(self.slot_frames),
+        }
+
+    def save(self, path: str | os.PathLike, extra: dict[str, torch.Tensor] | None = None) -> None:
+        """Write the held keys/values and slot map to a safetensors file (``extra`` tensors ride along)."""
+        tensors = {"k": self.k.contiguous(), "v": self.v.contiguous()}
+        for name, tensor in (extra or {}).items():
+            tensors[f"extra.{name}"] = tensor.contiguous()
+        save_file(tensors, os.fspath(path), metadata=self.metadata())
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike, device: torch.device | str | None = None
+    ) -> tuple[KVCache, dict[str, torch.Tensor]]:
+        """Read a file written by :meth:`save`; returns the cache and the ``extra`` tensors."""
+        from safetensors import safe_open
+
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"KV cache file not found: {path}")
+        with safe_open(path, framework="pt") as f:
+            meta = f.metadata() or {}
+        if meta.get("format") != "vidgen-kv-cache-1":
+            raise ValueError(f"{path} is not a vidgen KV cache file (format={meta.get('format')!r})")
+        geometry = json.loads(meta["geometry"])
+        tensors = load_file(path, device=str(device or "cpu"))
+        num_layers, batch, _, heads, head_dim = geometry["shape"]
+        cache = cls(
+            num_layers=num_layers,
+            batch_size=batch,
+            num_heads=heads,
+            head_dim=head_dim,
+            frame_tokens=geometry["frame_tokens"],
+            sink_frames=geometry["sink_frames"],
+            window_frames=geometry["window_frames"],
+            dtype=getattr(torch, geometry["dtype"]),
+            device=device,
+        )
+        cache.k.copy_(tensors["k"])
+        cache.v.copy_(tensors["v"])
+        cache.slot_frames = [int(f) for f in json.loads(meta["slot_frames"])]
+        extra = {k.removeprefix("extra."): t for k, t in tensors.items() if k.startswith("extra.")}
+        return cache, extra

@@ -1,0 +1,487 @@
+"""The causal Wan 2.1 transformer: diffusers-compatible weights, chunk-by-chunk generation.
+
+``CausalWanTransformer`` has the parameter names, shapes and config of diffusers'
+``WanTransformer3DModel`` (text-to-video), so a directory written by diffusers loads into it, and
+called the same way (full attention) it returns the same tensor. On top of that it runs causally:
+
+* ``timestep`` may be per latent frame, (B, F), for diffusion forcing;
+* ``attention_pattern`` restricts self-attention (block-causal by chunk, sliding window + sinks, ...);
+* with ``kv_cache``, ``hidden_states`` is one chunk (or a few) starting at latent frame
+  ``frame_offset``; its queries attend to the cached frames and to itself, and with
+  ``update_cache=True`` its keys/values are written into the cache for the chunks that follow;
+* ``text_context`` (from :meth:`CausalWanTransformer.encode_text`) carries the cross-attention keys
+  and values of a prompt, computed once and reused for every step and chunk.
+
+Token layout: patches are flattened frame-major, (B, F * H' * W', D); a latent frame has
+``H' * W'`` tokens (``H' = H / patch_h``). Nothing here hard-codes a geometry: it comes from the
+config and the input's shape.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.modeling_outputs import Transformer2DModelOutput
+from diffusers.models.modeling_utils import ModelMixin
+from torch import nn
+
+from vidgen.attention import AttentionPattern, dispatch_attention
+from vidgen.models import wan_checkpoint
+from vidgen.models.kv_cache import KVCache
+from vidgen.models.rope import RopePositionMode, WanRope, apply_rope, frame_positions, rope_shift
+
+# ----------------------------------------------------------------------------- small modules
+# Attribute names follow diffusers so that state dicts are interchangeable.
+
+
+class FP32LayerNorm(nn.LayerNorm):
+    """LayerNorm computed in float32 whatever the input dtype (as Wan does)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight.float() if self.weight is not None else None
+        bias = self.bias.float() if self.bias is not None else None
+        return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).to(x.dtype)
+
+
+class _GeluProj(nn.Module):
+    def __init__(self, dim_in: int, dim_out: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim_in, dim_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.proj(x), approximate="tanh")
+
+
+class FeedForward(nn.Module):
+    """Linear -> GELU(tanh) -> Linear, stored as ``net.0.proj`` / ``net.2``."""
+
+    def __init__(self, dim: int, inner_dim: int) -> None:
+        super().__init__()
+        self.net = nn.ModuleList([_GeluProj(dim, inner_dim), nn.Dropout(0.0), nn.Linear(inner_dim, dim)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.net:
+            x = layer(x)
+        return x
+
+
+class TimestepEmbedding(nn.Module):
+    def __init__(self, in_channels: int, dim: int) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(in_channels, dim)
+        self.linear_2 = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(F.silu(self.linear_1(x)))
+
+
+class TextProjection(nn.Module):
+    def __init__(self, in_features: int, dim: int) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(in_features, dim)
+        self.linear_2 = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(F.gelu(self.linear_1(x), approximate="tanh"))
+
+
+def sinusoidal_embedding(timesteps: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """(N,) -> (N, dim), cos half first (diffusers ``Timesteps(flip_sin_to_cos=True, shift=0)``)."""
+    half = dim // 2
+    freqs = torch.exp(
+        -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=timesteps.device) / half
+    )
+    angles = timesteps.float()[:, None] * freqs[None]
+    emb = torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
+    return F.pad(emb, (0, 1)) if dim % 2 else emb
+
+
+class ConditionEmbedder(nn.Module):
+    def __init__(self, dim: int, freq_dim: int, text_dim: int) -> None:
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.time_embedder = TimestepEmbedding(freq_dim, dim)
+        self.time_proj = nn.Linear(dim, dim * 6)
+        self.text_embedder = TextProjection(text_dim, dim)
+
+    def embed_time(self, timestep: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N,) -> time embedding (N, D) and block modulation (N, 6, D)."""
+        emb = sinusoidal_embedding(timestep.flatten(), self.freq_dim)
+        emb = emb.to(self.time_embedder.linear_1.weight.dtype)
+        temb = self.time_embedder(emb).to(dtype)
+        return temb, self.time_proj(F.silu(temb)).unflatten(1, (6, -1))
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+class Attention(nn.Module):
+    """Wan attention: q/k/v projections, RMSNorm over all heads on q and k, output projection."""
+
+    def __init__(self, dim: int, heads: int, eps: float, is_cross_attention: bool) -> None:
+        super().__init__()
+        self.heads = heads
+        self.head_dim = dim // heads
+        self.is_cross_attention = is_cross_attention
+        self.to_q = nn.Linear(dim, dim)
+        self.to_k = nn.Linear(dim, dim)
+        self.to_v = nn.Linear(dim, dim)
+        self.to_out = nn.ModuleList([nn.Linear(dim, dim), nn.Dropout(0.0)])
+        self.norm_q = nn.RMSNorm(dim, eps=eps)
+        self.norm_k = nn.RMSNorm(dim, eps=eps)
+
+    def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (normalised, not rotated) and values: (B, S, H, D) each."""
+        key = self.norm_k(self.to_k(x)).unflatten(2, (self.heads, -1))
+        value = self.to_v(x).unflatten(2, (self.heads, -1))
+        return key, value
+
+    def project_q(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm_q(self.to_q(x)).unflatten(2, (self.heads, -1))  # (B, S, H, D)
+
+    def output(self, attended: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return self.to_out[0](attended.flatten(2, 3).type_as(like))
+
+
+@dataclass
+class TextContext:
+    """Cross-attention keys/values of a prompt for every block: computed once, reused per step."""
+
+    keys: list[torch.Tensor]  # per block, (B, L, H, D)
+    values: list[torch.Tensor]
+
+    def select(self, index: torch.Tensor | slice) -> TextContext:
+        return TextContext([k[index] for k in self.keys], [v[index] for v in self.values])
+
+    @staticmethod
+    def cat(contexts: list[TextContext]) -> TextContext:
+        """Batch several contexts (e.g. conditional and unconditional for guidance)."""
+        blocks = range(len(contexts[0].keys))
+        return TextContext(
+            [torch.cat([c.keys[i] for c in contexts]) for i in blocks],
+            [torch.cat([c.values[i] for c in contexts]) for i in blocks],
+        )
+
+
+@dataclass
+class _SelfAttentionContext:
+    """What every block's self-attention needs for one forward call."""
+
+    rope: tuple[torch.Tensor, torch.Tensor]  # query/new-key rotation (1, S, 1, D/2)
+    pattern: AttentionPattern | None
+    kv_cache: KVCache | None = None
+    cache_rope: tuple[torch.Tensor, torch.Tensor] | None = None  # rotation of cached keys
+    write_frame: int | None = None  # first latent frame to write into the cache, None: read only
+    frame_tokens: int = 0  # tokens per latent frame (per-frame modulation)
+
+
+def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, frame_tokens: int) -> torch.Tensor:
+    """x * (1 + scale) + shift with per-sample (B, D) or per-frame (B, F, D) modulation; x (B, S, D)."""
+    if shift.ndim == 2:
+        return x * (1 + scale[:, None]) + shift[:, None]
+    x = x.unflatten(1, (-1, frame_tokens))  # (B, F, T, D)
+    return (x * (1 + scale[:, :, None]) + shift[:, :, None]).flatten(1, 2)
+
+
+def _gate(x: torch.Tensor, gate: torch.Tensor, frame_tokens: int) -> torch.Tensor:
+    if gate.ndim == 2:
+        return x * gate[:, None]
+    return (x.unflatten(1, (-1, frame_tokens)) * gate[:, :, None]).flatten(1, 2)
+
+
+class CausalWanBlock(nn.Module):
+    def __init__(self, dim: int, ffn_dim: int, heads: int, cross_attn_norm: bool, eps: float) -> None:
+        super().__init__()
+        self.norm1 = FP32LayerNorm(dim, eps, elementwise_affine=False)
+        self.attn1 = Attention(dim, heads, eps, is_cross_attention=False)
+        self.attn2 = Attention(dim, heads, eps, is_cross_attention=True)
+        self.norm2 = FP32LayerNorm(dim, eps, elementwise_affine=True) if cross_attn_norm else nn.Identity()
+        self.ffn = FeedForward(dim, ffn_dim)
+        self.norm3 = FP32LayerNorm(dim, eps, elementwise_affine=False)
+        self.scale_shift_table = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
+
+    def self_attention(self, x: torch.Tensor, ctx: _SelfAttentionContext, layer: int) -> torch.Tensor:
+        attn = self.attn1
+        query = apply_rope(attn.project_q(x), *ctx.rope)
+        key, value = attn.project_kv(x)  # un-rotated: the cache stores them like this
+        new_key = apply_rope(key, *ctx.rope)
+        if ctx.kv_cache is None:
+            out = dispatch_attention(query, new_key, value, pattern=ctx.pattern)
+            return attn.output(out, x)
+        cached_key, cached_value = ctx.kv_cache.view(layer)  # views into the buffers
+        all_key, all_value = new_key, value
+        if cached_key.shape[1]:
+            all_key = torch.cat([apply_rope(cached_key.to(key.dtype), *ctx.cache_rope), new_key], dim=1)
+            all_value = torch.cat([cached_value.to(value.dtype), value], dim=1)
+        out = dispatch_attention(query, all_key, all_value, pattern=ctx.pattern)
+        if ctx.write_frame is not None:  # only now: the write may overwrite slots read above
+            ctx.kv_cache.write(layer, key, value, ctx.write_frame)
+        return attn.output(out, x)
+
+    def cross_attention(self, x: torch.Tensor, text: TextContext, layer: int) -> torch.Tensor:
+        query = self.attn2.project_q(x)
+        out = dispatch_attention(query, text.keys[layer].to(query.dtype), text.values[layer].to(query.dtype))
+        return self.attn2.output(out, x)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        modulation: torch.Tensor,
+        text: TextContext,
+        ctx: _SelfAttentionContext,
+        layer: int,
+    ) -> torch.Tensor:
+        # modulation: (B, 6, D) per sample or (B, F, 6, D) per latent frame
+        table = self.scale_shift_table if modulation.ndim == 3 else self.scale_shift_table[:, None]
+        shift_msa, scale_msa, gate_msa, c_shift, c_scale, c_gate = (table + modulation.float()).unbind(-2)
+        t = ctx.frame_tokens
+
+        h = _modulate(self.norm1(x.float()), shift_msa, scale_msa, t).type_as(x)
+        x = (x.float() + _gate(self.self_attention(h, ctx, layer), gate_msa, t)).type_as(x)
+
+        x = x + self.cross_attention(self.norm2(x.float()).type_as(x), text, layer)
+
+        h = _modulate(self.norm3(x.float()), c_shift, c_scale, t).type_as(x)
+        return (x.float() + _gate(self.ffn(h).float(), c_gate, t)).type_as(x)
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+class CausalWanTransformer(ModelMixin, ConfigMixin):
+    """Wan 2.1 text-to-video transformer that also runs chunk by chunk against a KV cache.
+
+    The config is diffusers' ``WanTransformer3DModel`` config (same argument names); image
+    conditioning (I2V: ``image_dim``/``added_kv_proj_dim``) is not supported.
+    """
+
+    _supports_gradient_checkpointing = True
+    _no_split_modules = ["CausalWanBlock"]
+    _keep_in_fp32_modules = ["time_embedder", "scale_shift_table", "norm1", "norm2", "norm3"]
+    _skip_layerwise_casting_patterns = ["patch_embedding", "condition_embedder", "norm"]
+
+    @register_to_config
+    def __init__(
+        self,
+        patch_size: tuple[int, int, int] = (1, 2, 2),
+        num_attention_heads: int = 40,
+        attention_head_dim: int = 128,
+        in_channels: int = 16,
+        out_channels: int = 16,
+        text_dim: int = 4096,
+        freq_dim: int = 256,
+        ffn_dim: int = 13824,
+        num_layers: int = 40,
+        cross_attn_norm: bool = True,
+        qk_norm: str | None = "rms_norm_across_heads",
+        eps: float = 1e-6,
+        image_dim: int | None = None,
+        added_kv_proj_dim: int | None = None,
+        rope_max_seq_len: int = 1024,
+        pos_embed_seq_len: int | None = None,
+    ) -> None:
+        super().__init__()
+        if image_dim is not None or added_kv_proj_dim is not None or pos_embed_seq_len is not None:
+            raise ValueError(
+                "image-conditioned Wan checkpoints (I2V: image_dim / added_kv_proj_dim) are not supported; "
+                "use a text-to-video checkpoint"
+            )
+        if qk_norm not in ("rms_norm_across_heads", None):
+            raise ValueError(f"qk_norm={qk_norm!r} is not supported (only 'rms_norm_across_heads')")
+        patch_size = tuple(patch_size)
+        dim = num_attention_heads * attention_head_dim
+        self.inner_dim = dim
+        self.rope = WanRope(attention_head_dim, rope_max_seq_len)
+        self.patch_embedding = nn.Conv3d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
+        self.condition_embedder = ConditionEmbedder(dim, freq_dim, text_dim)
+        self.blocks = nn.ModuleList(
+            [
+                CausalWanBlock(dim, ffn_dim, num_attention_heads, cross_attn_norm, eps)
+                for _ in range(num_layers)
+            ]
+        )
+        self.norm_out = FP32LayerNorm(dim, eps, elementwise_affine=False)
+        self.proj_out = nn.Linear(dim, (out_channels or in_channels) * math.prod(patch_size))
+        self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
+        self.gradient_checkpointing = False
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any
+    ) -> CausalWanTransformer:
+        """Load local weights: a diffusers directory (``WanTransformer3DModel.save_pretrained``, also
+        sharded, or a pipeline folder with ``subfolder="transformer"``), or a directory / ``.safetensors``
+        file in the original Wan 2.1 key layout. Never downloads and never unpickles."""
+        path = Path(pretrained_model_name_or_path).expanduser()
+        if kwargs.get("subfolder"):
+            path = path / kwargs["subfolder"]
+        if not path.exists():
+            raise FileNotFoundError(
+                f"no checkpoint at {path}: vidgen never downloads weights; pass a local directory or .safetensors file"
+            )
+        files = wan_checkpoint.safetensors_files(path)
+        if not wan_checkpoint.is_original_layout(wan_checkpoint.checkpoint_keys(files)):
+            kwargs.update(use_safetensors=True, local_files_only=True)
+            return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+        state = wan_checkpoint.convert_original_state_dict(wan_checkpoint.load_state_dict(files))
+        config = wan_checkpoint.config_from_original(path, state, kwargs.pop("config_overrides", None))
+        with torch.device("meta"):
+            model = cls(**config)
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+        if missing or unexpected:
+            raise ValueError(
+                f"{path} does not match a Wan 2.1 transformer: missing {missing[:3]}, unexpected {unexpected[:3]}"
+            )
+        dtype = kwargs.get("torch_dtype")
+        return model.to(dtype=dtype).eval() if dtype is not None else model.eval()
+
+    # ------------------------------------------------------------------ geometry
+    def latent_grid(self, height: int, width: int) -> tuple[int, int]:
+        """Tokens per latent frame along (rows, columns) for a latent of ``height`` x ``width``."""
+        _, p_h, p_w = self.config.patch_size
+        if height % p_h or width % p_w:
+            raise ValueError(f"latent size {height}x{width} is not divisible by the patch size {p_h}x{p_w}")
+        return height // p_h, width // p_w
+
+    def frame_tokens(self, height: int, width: int) -> int:
+        grid_h, grid_w = self.latent_grid(height, width)
+        return grid_h * grid_w
+
+    def make_kv_cache(
+        self,
+        *,
+        batch_size: int,
+        latent_height: int,
+        latent_width: int,
+        sink_frames: int,
+        window_frames: int,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> KVCache:
+        """A cache sized from this model's config for latents of the given size."""
+        c = self.config
+        return KVCache(
+            num_layers=c.num_layers,
+            batch_size=batch_size,
+            num_heads=c.num_attention_heads,
+            head_dim=c.attention_head_dim,
+            frame_tokens=self.frame_tokens(latent_height, latent_width),
+            sink_frames=sink_frames,
+            window_frames=window_frames,
+            dtype=dtype or self.dtype,
+            device=device or self.device,
+        )
+
+    # ------------------------------------------------------------------ text
+    def encode_text(self, encoder_hidden_states: torch.Tensor) -> TextContext:
+        """Project a prompt embedding (B, L, text_dim) to every block's cross-attention K/V."""
+        text = self.condition_embedder.text_embedder(encoder_hidden_states.to(self.dtype))
+        keys, values = [], []
+        for block in self.blocks:
+            k, v = block.attn2.project_kv(text)
+            keys.append(k)
+            values.append(v)
+        return TextContext(keys, values)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        timestep: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        *,
+        text_context: TextContext | None = None,
+        attention_pattern: AttentionPattern | None = None,
+        kv_cache: KVCache | None = None,
+        frame_offset: int = 0,
+        update_cache: bool = False,
+        rope_mode: RopePositionMode | str = RopePositionMode.ABSOLUTE,
+        return_dict: bool = True,
+    ) -> Transformer2DModelOutput | tuple[torch.Tensor]:
+        """Predict the flow (velocity) for ``hidden_states`` (B, C, F, H, W).
+
+        Args:
+            timestep: (B,) one timestep per sample, or (B, F) one per latent frame.
+            encoder_hidden_states: (B, L, text_dim) prompt embedding; or pass ``text_context``.
+            attention_pattern: self-attention restriction over the tokens of this call (with a cache,
+                the queries are the last tokens: cached frames come first). None: full attention.
+            kv_cache: cache of earlier frames; ``hidden_states`` then starts at latent frame
+                ``frame_offset``. With ``update_cache`` its keys/values are written into the cache.
+            rope_mode: temporal positions scheme, see :mod:`vidgen.models.rope`.
+        """
+        batch, _, num_frames, height, width = hidden_states.shape
+        p_t, p_h, p_w = self.config.patch_size
+        frames, grid_h, grid_w = num_frames // p_t, height // p_h, width // p_w
+        frame_tokens = grid_h * grid_w
+        if text_context is None:
+            if encoder_hidden_states is None:
+                raise ValueError("pass encoder_hidden_states or text_context")
+            text_context = self.encode_text(encoder_hidden_states)
+        if kv_cache is not None and kv_cache.frame_tokens != frame_tokens:
+            raise ValueError(
+                f"the KV cache holds {kv_cache.frame_tokens} tokens per frame but the input has {frame_tokens}"
+            )
+
+        # 1. positions: absolute latent frame indices, mapped by the rope position scheme
+        rope_mode = RopePositionMode(rope_mode)
+        device = hidden_states.device
+        sinks = kv_cache.sink_frames if kv_cache is not None else 0
+        window = kv_cache.window_frames if kv_cache is not None else 0
+        shift = rope_shift(frame_offset, rope_mode, sinks, window)
+        if frame_offset + frames - shift > self.config.rope_max_seq_len:
+            raise ValueError(
+                f"latent frame position {frame_offset + frames - 1 - shift} is beyond rope_max_seq_len="
+                f"{self.config.rope_max_seq_len}; use rope_mode='rolling' with a sliding-window cache for long videos"
+            )
+        query_frames = torch.arange(frame_offset, frame_offset + frames, device=device)
+        ctx = _SelfAttentionContext(
+            rope=self.rope(frame_positions(query_frames, shift, sinks), grid_h, grid_w),
+            pattern=attention_pattern,
+            kv_cache=kv_cache,
+            frame_tokens=frame_tokens,
+        )
+        if kv_cache is not None:
+            ctx.cache_rope = self.rope(
+                frame_positions(kv_cache.frame_index(device), shift, sinks), grid_h, grid_w
+            )
+            ctx.write_frame = frame_offset if update_cache else None
+
+        # 2. patchify: (B, C, F, H, W) -> (B, F * H' * W', D)
+        x = self.patch_embedding(hidden_states).flatten(2).transpose(1, 2).contiguous()
+
+        # 3. time embedding, per sample (B, ...) or per latent frame (B, F, ...)
+        if timestep.ndim == 2 and timestep.shape[1] != frames:
+            raise ValueError(f"per-frame timestep has {timestep.shape[1]} entries for {frames} latent frames")
+        temb, modulation = self.condition_embedder.embed_time(timestep, x.dtype)
+        if timestep.ndim == 2:
+            temb = temb.unflatten(0, (batch, frames))  # (B, F, D)
+            modulation = modulation.unflatten(0, (batch, frames))  # (B, F, 6, D)
+
+        # 4. blocks
+        for layer, block in enumerate(self.blocks):
+            if torch.is_grad_enabled() and self.gradient_checkpointing:
+                x = self._gradient_checkpointing_func(block, x, modulation, text_context, ctx, layer)
+            else:
+                x = block(x, modulation, text_context, ctx, layer)
+        if kv_cache is not None and update_cache:
+            kv_cache.commit(frame_offset, frames)
+
+        # 5. output norm, projection, unpatchify
+        table = self.scale_shift_table if temb.ndim == 2 else self.scale_shift_table[:, None]
+        shift, scale = (table + temb.unsqueeze(-2)).unbind(-2)
+        x = _modulate(self.norm_out(x.float()), shift, scale, frame_tokens).type_as(x)
+        x = self.proj_out(x)
+        x = x.reshape(batch, frames, grid_h, grid_w, p_t, p_h, p_w, -1)
+        out = x.permute(0, 7, 1, 4, 2, 5, 3, 6).flatten(6, 7).flatten(4, 5).flatten(2, 3)
+        if not return_dict:
+            return (out,)
+        return Transformer2DModelOutput(sample=out)

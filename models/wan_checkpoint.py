@@ -1,0 +1,146 @@
+"""Reading Wan 2.1 transformer checkpoints: diffusers layout or the original Wan key layout.
+
+The original layout is the one of the Wan repository and of the causal checkpoints built on it
+(Self Forcing, CausVid, LongLive): ``blocks.N.self_attn.q``, ``blocks.N.ffn.0``, ``head.head``...,
+sometimes under a ``model.`` or ``model.diffusion_model.`` prefix. Only safetensors files are read:
+pickled ``.pt``/``.bin`` checkpoints are refused rather than unpickled (convert them once with
+``safetensors.torch.save_file`` in a trusted environment).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+# (original pattern, diffusers replacement), applied in order to each key
+_RENAMES: list[tuple[str, str]] = [
+    (r"^text_embedding\.0\.", "condition_embedder.text_embedder.linear_1."),
+    (r"^text_embedding\.2\.", "condition_embedder.text_embedder.linear_2."),
+    (r"^time_embedding\.0\.", "condition_embedder.time_embedder.linear_1."),
+    (r"^time_embedding\.2\.", "condition_embedder.time_embedder.linear_2."),
+    (r"^time_projection\.1\.", "condition_embedder.time_proj."),
+    (r"^head\.head\.", "proj_out."),
+    (r"^head\.modulation$", "scale_shift_table"),
+    (r"\.self_attn\.", ".attn1."),
+    (r"\.cross_attn\.", ".attn2."),
+    (r"\.attn([12])\.([qkv])\.", r".attn\1.to_\2."),
+    (r"\.attn([12])\.o\.", r".attn\1.to_out.0."),
+    (r"^(blocks\.\d+)\.norm3\.", r"\1.norm2."),  # Wan's norm3 is the cross-attention norm
+    (r"^(blocks\.\d+)\.ffn\.0\.", r"\1.ffn.net.0.proj."),
+    (r"^(blocks\.\d+)\.ffn\.2\.", r"\1.ffn.net.2."),
+    (r"^(blocks\.\d+)\.modulation$", r"\1.scale_shift_table"),
+]
+_PREFIXES = ("model.diffusion_model.", "diffusion_model.", "model.")
+
+# original config name -> diffusers config name
+_CONFIG_NAMES = {
+    "in_dim": "in_channels",
+    "out_dim": "out_channels",
+    "ffn_dim": "ffn_dim",
+    "freq_dim": "freq_dim",
+    "text_dim": "text_dim",
+    "num_heads": "num_attention_heads",
+    "num_layers": "num_layers",
+    "eps": "eps",
+    "patch_size": "patch_size",
+    "cross_attn_norm": "cross_attn_norm",
+}
+WAN_HEAD_DIM = 128  # every released Wan 2.1 size uses 128 channels per head
+
+
+def original_to_diffusers_key(key: str) -> str:
+    for prefix in _PREFIXES:
+        if key.startswith(prefix):
+            key = key[len(prefix) :]
+            break
+    for pattern, replacement in _RENAMES:
+        key = re.sub(pattern, replacement, key)
+    return key
+
+
+def convert_original_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Rename an original-layout Wan 2.1 state dict to diffusers' names (tensors are not copied)."""
+    converted = {original_to_diffusers_key(k): v for k, v in state_dict.items()}
+    unsupported = [k for k in converted if k.startswith("img_emb") or ".k_img" in k or ".v_img" in k]
+    if unsupported:
+        raise ValueError(
+            f"image-conditioned (I2V) Wan checkpoints are not supported (found {unsupported[0]})"
+        )
+    return converted
+
+
+def is_original_layout(keys: list[str]) -> bool:
+    return any(".self_attn." in k or ".cross_attn." in k or k.endswith("head.head.weight") for k in keys)
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint file or directory; refuses pickled checkpoints."""
+    if path.is_file():
+        if path.suffix != ".safetensors":
+            raise ValueError(
+                f"{path}: only .safetensors checkpoints are read (pickled files are never loaded)"
+            )
+        return [path]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        pickled = sorted(p.name for p in path.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".ckpt"})
+        hint = f" (found pickled {pickled[0]}: convert it to safetensors)" if pickled else ""
+        raise FileNotFoundError(f"no .safetensors weights in {path}{hint}")
+    return files
+
+
+def checkpoint_keys(files: list[Path]) -> list[str]:
+    keys: list[str] = []
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                keys.extend(f.keys())
+        except Exception as err:  # safetensors raises several error types for damaged files
+            raise ValueError(f"cannot read weights from {file}: {err}") from err
+    return keys
+
+
+def load_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            state.update(load_file(str(file)))
+        except Exception as err:  # safetensors raises several error types for damaged files
+            raise ValueError(f"cannot read weights from {file}: {err}") from err
+    return state
+
+
+def config_from_original(
+    path: Path, state_dict: dict[str, torch.Tensor], overrides: dict | None = None
+) -> dict:
+    """diffusers-style config for an original-layout checkpoint: ``overrides`` first, then its
+    config.json when there is one (Wan's names: dim, num_heads, ...), then the tensor shapes (heads
+    of 128 channels, as in every released Wan 2.1 size)."""
+    config_file = (path if path.is_dir() else path.parent) / "config.json"
+    original = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    if "model_type" in original and original["model_type"] not in ("t2v", None):
+        raise ValueError(f"{config_file}: model_type={original['model_type']!r} is not supported (only t2v)")
+    config = {new: original[old] for old, new in _CONFIG_NAMES.items() if old in original}
+    config.update(overrides or {})
+
+    weight = state_dict["patch_embedding.weight"]  # (dim, in_channels, p_t, p_h, p_w)
+    dim = original.get("dim", weight.shape[0])
+    config.setdefault("in_channels", weight.shape[1])
+    config.setdefault("patch_size", list(weight.shape[2:]))
+    config.setdefault("num_attention_heads", dim // WAN_HEAD_DIM)
+    config.setdefault("attention_head_dim", dim // config["num_attention_heads"])
+    config.setdefault("text_dim", state_dict["condition_embedder.text_embedder.linear_1.weight"].shape[1])
+    config.setdefault("freq_dim", state_dict["condition_embedder.time_embedder.linear_1.weight"].shape[1])
+    config.setdefault("ffn_dim", state_dict["blocks.0.ffn.net.0.proj.weight"].shape[0])
+    config.setdefault(
+        "num_layers", 1 + max(int(k.split(".")[1]) for k in state_dict if k.startswith("blocks."))
+    )
+    out_features = state_dict["proj_out.weight"].shape[0]
+    config.setdefault("out_channels", out_features // int(torch.tensor(config["patch_size"]).prod()))
+    config.setdefault("cross_attn_norm", "blocks.0.norm2.weight" in state_dict)
+    return config

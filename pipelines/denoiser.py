@@ -1,0 +1,130 @@
+"""The diffusion denoiser: makes one chunk (or a few in flight) against the KV cache.
+
+``denoise`` runs the sampler's steps of the transformer on a noisy chunk that attends to the cached
+context; ``write_context`` then runs the transformer once more on the finished chunk -- clean, or
+re-noised to a small level (``addnoise_condition``, which makes the model forgive its own small
+errors in the context) -- with ``update_cache=True`` so the following chunks attend to it.
+
+Classifier-free guidance batches the conditional and unconditional branches together; the cache
+then holds both (batch 2B), since their keys and values differ after the first cross-attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vidgen.attention import AttentionPattern
+from vidgen.models import CausalWanTransformer, KVCache, RopePositionMode, TextContext
+from vidgen.pipelines.scheduler import FlowSchedule, add_noise, timestep_of
+
+
+@dataclass
+class Conditioning:
+    """Cross-attention context of one chunk: conditional, and unconditional when guiding."""
+
+    cond: TextContext
+    uncond: TextContext | None = None
+    guidance_scale: float = 1.0
+
+    @property
+    def guided(self) -> bool:
+        return self.uncond is not None and self.guidance_scale != 1.0
+
+    def batched(self) -> TextContext:
+        return TextContext.cat([self.cond, self.uncond]) if self.guided else self.cond
+
+
+class ChunkDenoiser:
+    def __init__(
+        self,
+        model: CausalWanTransformer,
+        schedule: FlowSchedule,
+        *,
+        rope_mode: RopePositionMode | str = RopePositionMode.ROLLING,
+        context_noise: float = 0.0,
+        chunk_frames: int = 1,
+    ) -> None:
+        self.model = model
+        self.schedule = schedule
+        self.rope_mode = RopePositionMode(rope_mode)
+        self.context_noise = context_noise
+        self.chunk_frames = chunk_frames
+
+    def _pattern(self, latents: torch.Tensor) -> AttentionPattern | None:
+        """Block-causal among several chunks in flight; one chunk sees everything it is given."""
+        frames, height, width = latents.shape[2:]
+        if frames <= self.chunk_frames:
+            return None
+        return AttentionPattern.block_causal(self.model.frame_tokens(height, width), self.chunk_frames)
+
+    def predict(
+        self,
+        latents: torch.Tensor,
+        sigmas: torch.Tensor,
+        conditioning: Conditioning,
+        cache: KVCache,
+        frame_offset: int,
+        update_cache: bool = False,
+    ) -> torch.Tensor:
+        """Guided velocity for ``latents`` (B, C, F, h, w) at per-frame noise levels ``sigmas`` (B, F)."""
+        guided = conditioning.guided
+        x = torch.cat([latents, latents]) if guided else latents
+        sig = torch.cat([sigmas, sigmas]) if guided else sigmas
+        velocity = self.model(
+            x.to(self.model.dtype),
+            timestep_of(sig).to(self.model.dtype),
+            text_context=conditioning.batched(),
+            kv_cache=cache,
+            frame_offset=frame_offset,
+            update_cache=update_cache,
+            rope_mode=self.rope_mode,
+            attention_pattern=self._pattern(latents),
+            return_dict=False,
+        )[0].float()
+        if not guided:
+            return velocity
+        cond, uncond = velocity.chunk(2)
+        return uncond + conditioning.guidance_scale * (cond - uncond)
+
+    @torch.no_grad()
+    def denoise(
+        self,
+        noise: torch.Tensor,
+        conditioning: Conditioning,
+        cache: KVCache,
+        frame_offset: int,
+        generator: torch.Generator | None = None,
+        callback=None,
+    ) -> torch.Tensor:
+        """All sampler steps for one chunk starting from pure ``noise``; returns clean latents."""
+        latents = noise.float()
+        batch, _, frames = latents.shape[:3]
+        for index, sigma in enumerate(self.schedule.sigmas[:-1]):
+            sigmas = torch.full((batch, frames), sigma, device=latents.device)
+            velocity = self.predict(latents, sigmas, conditioning, cache, frame_offset)
+            latents = self.schedule.step(latents, velocity, index, generator)
+            if callback is not None:
+                callback(index, sigma, latents)
+        return latents
+
+    @torch.no_grad()
+    def write_context(
+        self,
+        clean: torch.Tensor,
+        conditioning: Conditioning,
+        cache: KVCache,
+        frame_offset: int,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        """Run the model on the finished chunk at the context noise level, writing its K/V."""
+        batch, _, frames = clean.shape[:3]
+        sigma = self.context_noise
+        context = clean
+        if sigma > 0:
+            noise = torch.randn(clean.shape, generator=generator, device=clean.device, dtype=clean.dtype)
+            context = add_noise(clean, noise, sigma)
+        sigmas = torch.full((batch, frames), sigma, device=clean.device)
+        # the prediction itself is not needed, only the keys/values written on the way
+        self.predict(context, sigmas, conditioning, cache, frame_offset, update_cache=True)

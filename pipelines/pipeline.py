@@ -1,0 +1,764 @@
+"""``LongVideoPipeline``: a prompt or a storyboard in, a video of any length out, chunk by chunk.
+
+``stream`` is the primitive: a generator that yields each chunk as soon as it is decoded;
+``__call__`` collects it. One chunk, from prompt to frames:
+
+1. the planner says what the chunk is (frames, prompt, context, drift actions);
+2. due drift actions run (KV re-cache under a new prompt, periodic re-cache);
+3. the denoiser makes the chunk's latents from seeded noise against the KV cache;
+4. statistics anchoring pulls drifted latents back; the chunk is written to the cache as context;
+5. the streaming decoder turns the latents into frames; the drift monitor measures the chunk.
+
+Every chunk's noise comes from ``(seed, chunk index)``, so a chunk is the same whether the video is
+streamed, collected, or resumed from a saved state.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vidgen.attention import attention_backend
+from vidgen.config import VidgenConfig
+from vidgen.models import CausalWanTransformer, KVCache, TextContext
+from vidgen.pipelines import loading
+from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning
+from vidgen.pipelines.drift import DriftMeasures, DriftMonitor, StatsAnchor
+from vidgen.pipelines.plan import (
+    ChunkPlan,
+    ChunkPlanner,
+    DriftAction,
+    GenerationMode,
+    PlannedChunk,
+    PromptChange,
+)
+from vidgen.pipelines.scheduler import FlowSchedule
+from vidgen.pipelines.vae_stream import (
+    encode_video,
+    spatial_factor,
+    streaming_decoder,
+    temporal_factor,
+)
+
+Storyboard = list[tuple[float, str]]
+
+
+class InputError(ValueError):
+    """A request the pipeline cannot make; the message says what to change."""
+
+
+@dataclass
+class ChunkMetrics:
+    denoise_seconds: float
+    decode_seconds: float
+    total_seconds: float
+    """Wall time of this chunk, drift actions included."""
+    video_seconds: float
+    """Seconds of video the chunk adds."""
+    real_time_factor: float
+    """Video seconds made per wall second so far."""
+    actions: list[str]
+    drift: DriftMeasures | None = None
+
+
+@dataclass
+class VideoChunk:
+    index: int
+    frame_start: int
+    """Index of the chunk's first frame in the generated video."""
+    start_time: float
+    frames: np.ndarray
+    """(T, H, W, 3) uint8 RGB."""
+    prompt: str
+    metrics: ChunkMetrics
+    latents: torch.Tensor | None = None
+    """(1, C, F, h, w) normalised latents of the chunk."""
+
+
+@dataclass
+class LongVideoPipelineOutput:
+    frames: Any
+    """(T, H, W, 3) float in [0, 1] (np), (T, 3, H, W) tensor (pt), PIL images (pil) or latents."""
+    chunks: list[ChunkMetrics] = field(default_factory=list)
+
+
+class StreamControl:
+    """Steers a running ``stream``: change the prompt from the next chunk, or stop."""
+
+    def __init__(self) -> None:
+        self._prompt: str | None = None
+        self.stopped = False
+
+    def change_prompt(self, prompt: str) -> None:
+        self._prompt = prompt
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def take_prompt(self) -> str | None:
+        prompt, self._prompt = self._prompt, None
+        return prompt
+
+
+def _chunk_generator(seed: int, chunk: int, purpose: int, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed((seed * 1_000_003 + chunk * 7_919 + purpose) % (2**63))
+    return generator
+
+
+def _randn(shape, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    return torch.randn(shape, generator=generator, dtype=torch.float32).to(device)
+
+
+class LongVideoPipeline:
+    """Long-video generation with a causal Wan 2.1-compatible transformer (see module docstring)."""
+
+    def __init__(
+        self,
+        transformer: CausalWanTransformer,
+        vae,
+        text_encoder,
+        config: VidgenConfig | None = None,
+    ) -> None:
+        self.transformer = transformer
+        self.vae = vae
+        self.text_encoder = text_encoder
+        self.config = config or VidgenConfig()
+        self._text_contexts: dict[tuple, TextContext] = {}
+        self._offload_hooks: list = []
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_name: str | os.PathLike | None = None,
+        *,
+        config: VidgenConfig | str | None = None,
+        **overrides,
+    ) -> LongVideoPipeline:
+        """Load from a local folder, a preset name in ``configs/``, or (no argument) the embedded
+        default model. ``config`` (a VidgenConfig, preset name or TOML path) replaces the folder's
+        own; ``overrides`` are ``"table.key": value`` pairs. Never downloads anything."""
+        from vidgen.config import load_config
+
+        if isinstance(config, (str, os.PathLike)):
+            config = load_config(config)
+        folder, config = loading.resolve_model(path_or_name, config)
+        if overrides:
+            config = config.replace(**overrides)
+        if config.runtime.threads:
+            torch.set_num_threads(config.runtime.threads)
+        transformer = loading.load_transformer(folder, config)
+        vae = loading.load_vae(folder, config)
+        text_encoder = loading.load_text_encoder(folder, config)
+        pipe = cls(transformer, vae, text_encoder, config)
+        pipe.to(pipe.device_from_config())
+        return pipe
+
+    def save_pretrained(self, path: str | os.PathLike) -> None:
+        loading.save_components(Path(path), self.transformer, self.vae, self.text_encoder, self.config)
+
+    def device_from_config(self) -> torch.device:
+        device = self.config.runtime.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" and not torch.cuda.is_available():
+            raise InputError("runtime.device='cuda' but torch sees no CUDA device; use device='cpu'")
+        return torch.device(device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.transformer.device
+
+    def to(self, device: torch.device | str) -> LongVideoPipeline:
+        self.transformer.to(device)
+        self.vae.to(device)
+        self.text_encoder.to(device)
+        self._text_contexts.clear()
+        return self
+
+    def enable_model_cpu_offload(self, device: torch.device | str = "cuda") -> None:
+        """Keep each component on the CPU until it runs (accelerate hooks), so a 1.3B model fits a
+        consumer GPU: the text encoder, transformer and VAE take turns on ``device``."""
+        from accelerate import cpu_offload_with_hook
+
+        hook = None
+        self._offload_hooks = []
+        for module in (self.text_encoder, self.transformer, self.vae):
+            module.to("cpu")
+            _, hook = cpu_offload_with_hook(module, torch.device(device), prev_module_hook=hook)
+            self._offload_hooks.append(hook)
+
+    # ------------------------------------------------------------------ geometry
+    @property
+    def temporal_factor(self) -> int:
+        return temporal_factor(self.vae)
+
+    def latent_size(self, height: int, width: int) -> tuple[int, int]:
+        s = spatial_factor(self.vae)
+        p_h, p_w = self.transformer.config.patch_size[1:]
+        if height % (s * p_h) or width % (s * p_w) or height <= 0 or width <= 0:
+            raise InputError(
+                f"height and width must be positive multiples of {s * p_h} for this model, got {width}x{height}"
+            )
+        return height // s, width // s
+
+    # ------------------------------------------------------------------ prompts
+    def _embed(self, prompt: str) -> torch.Tensor:
+        return self.text_encoder(prompt).to(self.device)
+
+    def _text_context(self, prompt: str, previous: str | None, weight: float) -> TextContext:
+        """Cross-attention context for a chunk's prompt, following the model's text conditioning."""
+        with_previous = self.config.model.text_conditioning == "with_previous"
+        key = (prompt, previous if (with_previous or weight < 1) else None, round(weight, 4), with_previous)
+        if key not in self._text_contexts:
+            current = self._embed(prompt)
+            if with_previous:
+                text = torch.cat([current, self._embed(previous if previous is not None else prompt)], dim=1)
+            elif previous is not None and weight < 1:
+                text = weight * current + (1 - weight) * self._embed(previous)  # a blended transition
+            else:
+                text = current
+            if len(self._text_contexts) > 32:
+                self._text_contexts.pop(next(iter(self._text_contexts)))
+            with torch.no_grad():
+                self._text_contexts[key] = self.transformer.encode_text(text)
+        return self._text_contexts[key]
+
+    def _conditioning(self, chunk: PlannedChunk, guidance_scale: float, negative_prompt: str) -> Conditioning:
+        cond = self._text_context(chunk.prompt, chunk.previous_prompt, chunk.prompt_weight)
+        if guidance_scale == 1.0:
+            return Conditioning(cond)
+        uncond = self._text_context(negative_prompt, None, 1.0)
+        return Conditioning(cond, uncond, guidance_scale)
+
+    # ------------------------------------------------------------------ planning
+    def _check_request(
+        self, prompt, storyboard, num_frames, seconds, fps
+    ) -> tuple[list[PromptChange], int | None]:
+        if (prompt is None) == (storyboard is None):
+            raise InputError("pass exactly one of prompt= or storyboard=")
+        if storyboard is None:
+            if not isinstance(prompt, str):
+                raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
+            storyboard = [(0.0, prompt)]
+        changes = []
+        for i, entry in enumerate(storyboard):
+            try:
+                start, text = float(entry[0]), entry[1]
+            except (TypeError, ValueError, IndexError):
+                raise InputError(
+                    f"storyboard entry {i} must be (start_seconds, prompt), got {entry!r}"
+                ) from None
+            if not isinstance(text, str) or not text.strip():
+                raise InputError(
+                    "the prompt is empty"
+                    if prompt is not None
+                    else f"storyboard entry {i} has an empty prompt"
+                )
+            if changes and start <= changes[-1].start_seconds:
+                raise InputError(
+                    f"storyboard times must increase: entry {i} starts at {start} s after {changes[-1].start_seconds} s"
+                )
+            changes.append(PromptChange(start, text.strip()))
+        if changes[0].start_seconds != 0:
+            raise InputError(
+                f"a storyboard starts at 0 s, the first entry starts at {changes[0].start_seconds} s"
+            )
+        if num_frames is None and seconds is not None:
+            num_frames = round(seconds * fps)
+        if num_frames is not None:
+            limit = self.config.generation.max_seconds * fps
+            if num_frames <= 0 or num_frames > limit:
+                raise InputError(
+                    f"the video length must be between 1 frame and {self.config.generation.max_seconds:g} s "
+                    f"(generation.max_seconds), got {num_frames} frames"
+                )
+        return changes, num_frames
+
+    def _planner(
+        self,
+        config: VidgenConfig,
+        changes: list[PromptChange],
+        num_inference_steps: int,
+        prefix_latents: int = 0,
+    ) -> ChunkPlanner:
+        g, d = config.generation, config.drift
+        schedule = FlowSchedule(num_inference_steps, g.shift, g.sampler)
+        return ChunkPlanner(
+            chunk_frames=g.chunk_frames,
+            sink_frames=g.sink_frames,
+            window_frames=g.window_frames,
+            temporal_factor=self.temporal_factor,
+            fps=g.fps,
+            sigmas=schedule.sigmas,
+            storyboard=changes,
+            transition_chunks=g.transition_chunks,
+            recache_on_prompt_change=d.recache_on_prompt_change,
+            recache_every=d.recache_every,
+            text_conditioning=self.config.model.text_conditioning,
+            mode=GenerationMode(g.mode),
+            ar_step=g.ar_step,
+            prefix_latents=prefix_latents,
+        )
+
+    def plan(
+        self,
+        prompt: str | None = None,
+        *,
+        storyboard: Storyboard | None = None,
+        num_frames: int | None = None,
+        seconds: float | None = None,
+        height: int | None = None,
+        width: int | None = None,
+        num_inference_steps: int | None = None,
+        seed: int | None = None,
+    ) -> ChunkPlan:
+        """The chunk plan of a request, without running anything."""
+        g = self.config.generation
+        height, width = height or g.height, width or g.width
+        self.latent_size(height, width)
+        changes, num_frames = self._check_request(prompt, storyboard, num_frames, seconds, g.fps)
+        if num_frames is None:
+            raise InputError("a plan needs num_frames= or seconds=")
+        planner = self._planner(self.config, changes, num_inference_steps or g.num_inference_steps)
+        return ChunkPlan(
+            chunks=list(planner.chunks(num_frames)),
+            num_frames=num_frames,
+            fps=g.fps,
+            height=height,
+            width=width,
+            mode=GenerationMode(g.mode),
+            seed=seed,
+        )
+
+    # ------------------------------------------------------------------ streaming
+    def stream(
+        self,
+        prompt: str | None = None,
+        *,
+        storyboard: Storyboard | None = None,
+        num_frames: int | None = None,
+        seconds: float | None = None,
+        height: int | None = None,
+        width: int | None = None,
+        num_inference_steps: int | None = None,
+        guidance_scale: float | None = None,
+        negative_prompt: str | None = None,
+        generator: torch.Generator | int | None = None,
+        video: np.ndarray | torch.Tensor | str | os.PathLike | None = None,
+        image: np.ndarray | None = None,
+        control: StreamControl | None = None,
+        state_path: str | os.PathLike | None = None,
+        resume: bool = False,
+        callback_on_step_end: Callable | None = None,
+        return_latents: bool = False,
+        overrides: dict[str, Any] | None = None,
+    ) -> Iterator[VideoChunk]:
+        """Yield :class:`VideoChunk` s as they are decoded.
+
+        ``num_frames`` / ``seconds`` None: no end (stop with ``control.stop()``). ``video`` / ``image``:
+        a clip or frame whose continuation is generated (it is encoded and prefilled into the cache).
+        ``state_path``: after every chunk the generation state is saved there; with ``resume=True`` a
+        saved state is loaded first and generation continues after its last complete chunk.
+        ``overrides``: ``"table.key": value`` config changes for this video only (window, sinks,
+        drift options, attention backend, ...).
+        """
+        config = self.config.replace(**overrides) if overrides else self.config
+        g = config.generation
+        # 1. check inputs
+        height, width = height or g.height, width or g.width
+        latent_h, latent_w = self.latent_size(height, width)
+        changes, num_frames = self._check_request(prompt, storyboard, num_frames, seconds, g.fps)
+        steps = num_inference_steps or g.num_inference_steps
+        guidance = g.guidance_scale if guidance_scale is None else guidance_scale
+        negative = g.negative_prompt if negative_prompt is None else negative_prompt
+        seed = _seed_of(generator)
+        run = _Run(self, config, latent_h, latent_w, guidance, seed, steps)
+
+        with attention_backend(config.runtime.attention_backend or None):
+            # 2. continuation: encode and prefill a clip or an image
+            prefix = self._prefix_latents(video, image, height, width)
+            planner = self._planner(
+                config, changes, steps, prefix_latents=prefix.shape[2] if prefix is not None else 0
+            )
+            resumed_from = -1
+            if resume and state_path is not None and Path(state_path).is_file():
+                resumed_from = run.load(state_path)
+            elif prefix is not None:
+                run.prefill(prefix, planner, negative)
+
+            # 3. the plan, then chunk by chunk
+            started = time.perf_counter()
+            made_seconds = 0.0
+            for chunk in planner.chunks(num_frames):
+                if chunk.index <= resumed_from:
+                    continue
+                if control is not None and control.stopped:
+                    break
+                out = run.make_chunk(chunk, negative, callback_on_step_end)
+                frames = out.frames
+                if num_frames is not None:
+                    frames = frames[: max(0, num_frames - chunk.frame_start)]
+                made_seconds += len(frames) / g.fps
+                elapsed = time.perf_counter() - started
+                out.metrics.video_seconds = len(frames) / g.fps
+                out.metrics.real_time_factor = made_seconds / max(elapsed, 1e-9)
+                if state_path is not None:
+                    run.save(state_path, chunk.index)
+                yield VideoChunk(
+                    index=chunk.index,
+                    frame_start=chunk.frame_start,
+                    start_time=chunk.start_time,
+                    frames=frames,
+                    prompt=chunk.prompt,
+                    metrics=out.metrics,
+                    latents=out.latents if return_latents else None,
+                )
+                new_prompt = control.take_prompt() if control is not None else None
+                if new_prompt and new_prompt.strip():
+                    # applies from the next chunk: the planner reads the storyboard as it goes
+                    planner.add_change(chunk.frame_end / g.fps, new_prompt.strip())
+
+    def __call__(
+        self,
+        prompt: str | None = None,
+        *,
+        output_type: str = "np",
+        return_dict: bool = True,
+        **kwargs: Any,
+    ) -> LongVideoPipelineOutput | tuple:
+        """The whole video at once (built on :meth:`stream`; same arguments, same frames)."""
+        if kwargs.get("num_frames") is None and kwargs.get("seconds") is None:
+            raise InputError("pass num_frames= or seconds= (stream() runs without end)")
+        if output_type not in ("np", "pt", "pil", "latent"):
+            raise InputError(f"output_type must be 'np', 'pt', 'pil' or 'latent', got {output_type!r}")
+        chunks = list(self.stream(prompt, return_latents=output_type == "latent", **kwargs))
+        metrics = [c.metrics for c in chunks]
+        if output_type == "latent":
+            frames: Any = torch.cat([c.latents for c in chunks], dim=2)
+        else:
+            video = np.concatenate([c.frames for c in chunks])  # (T, H, W, 3) uint8
+            if output_type == "np":
+                frames = video.astype(np.float32) / 255.0
+            elif output_type == "pt":
+                frames = torch.from_numpy(video).permute(0, 3, 1, 2).float() / 255.0
+            else:
+                from PIL import Image
+
+                frames = [Image.fromarray(f) for f in video]
+        if not return_dict:
+            return (frames,)
+        return LongVideoPipelineOutput(frames=frames, chunks=metrics)
+
+    # ------------------------------------------------------------------ helpers
+    def _prefix_latents(self, video, image, height: int, width: int) -> torch.Tensor | None:
+        if video is None and image is None:
+            return None
+        if video is not None and image is not None:
+            raise InputError("pass video= or image=, not both")
+        if image is not None:
+            frames = np.asarray(image)[None]
+        elif isinstance(video, (str, os.PathLike)):
+            from vidgen.video import read_video
+
+            frames, _ = read_video(video)
+        else:
+            frames = np.asarray(video) if not torch.is_tensor(video) else video.cpu().numpy()
+        if frames.ndim != 4 or frames.shape[-1] != 3:
+            raise InputError(f"video= must be frames (T, H, W, 3), got shape {tuple(frames.shape)}")
+        if frames.shape[1:3] != (height, width):
+            raise InputError(
+                f"the clip is {frames.shape[2]}x{frames.shape[1]}, the video is {width}x{height}"
+            )
+        t = self.temporal_factor
+        usable = 1 + ((len(frames) - 1) // t) * t  # whole latent frames; the newest frames are kept
+        frames = frames[len(frames) - usable :]
+        if frames.dtype == np.uint8:
+            tensor = torch.from_numpy(frames).float() / 127.5 - 1.0
+        else:
+            tensor = torch.as_tensor(frames).float() * 2.0 - 1.0
+        tensor = tensor.permute(3, 0, 1, 2)[None].to(self.device)  # (1, 3, T, H, W)
+        return encode_video(self.vae, tensor)
+
+
+def _seed_of(generator: torch.Generator | int | None) -> int:
+    if generator is None:
+        return int(torch.randint(0, 2**31 - 1, (1,)).item())
+    if isinstance(generator, int):
+        return generator
+    return int(generator.initial_seed())
+
+
+@dataclass
+class _ChunkResult:
+    frames: np.ndarray
+    latents: torch.Tensor
+    metrics: ChunkMetrics
+
+
+class _Run:
+    """The state of one video being generated: cache, latent history, decoder, drift state."""
+
+    def __init__(
+        self,
+        pipe: LongVideoPipeline,
+        config: VidgenConfig,
+        latent_h: int,
+        latent_w: int,
+        guidance: float,
+        seed: int,
+        steps: int,
+    ) -> None:
+        g, d = config.generation, config.drift
+        self.pipe = pipe
+        self.config = config
+        self.seed = seed
+        self.guidance = guidance
+        self.latent_hw = (latent_h, latent_w)
+        branches = 2 if guidance != 1.0 else 1
+        self.cache: KVCache = pipe.transformer.make_kv_cache(
+            batch_size=branches,
+            latent_height=latent_h,
+            latent_width=latent_w,
+            sink_frames=g.sink_frames,
+            window_frames=g.window_frames,
+        )
+        self.denoiser = ChunkDenoiser(
+            pipe.transformer,
+            FlowSchedule(steps, g.shift, g.sampler),
+            rope_mode=g.rope_mode,
+            context_noise=g.addnoise_condition,
+            chunk_frames=g.chunk_frames,
+        )
+        self.history: dict[int, torch.Tensor] = {}  # latent frame -> (1, C, 1, h, w), the cached frames
+        self.decoder = streaming_decoder(pipe.vae)
+        self.decoder.reset()
+        self.anchor = (
+            StatsAnchor(d.anchor_chunks, d.anchor_strength, d.anchor_tolerance) if d.anchor_stats else None
+        )
+        self.monitor = DriftMonitor(d.freeze_threshold) if d.monitor else None
+        self.in_flight: list[tuple[PlannedChunk, torch.Tensor, int]] = []
+
+    # -------------------------------------------------------------- cache
+    def _remember(self, latents: torch.Tensor, first_frame: int) -> None:
+        for i in range(latents.shape[2]):
+            self.history[first_frame + i] = latents[:, :, i : i + 1]
+        held = set(self.cache.cached_frames)
+        for frame in [f for f in self.history if f not in held]:
+            del self.history[frame]
+
+    def write(
+        self, latents: torch.Tensor, first_frame: int, conditioning: Conditioning, purpose: int
+    ) -> None:
+        generator = _chunk_generator(self.seed, first_frame, purpose, latents.device)
+        self.denoiser.write_context(latents, conditioning, self.cache, first_frame, generator)
+        self._remember(latents, first_frame)
+
+    @torch.no_grad()
+    def recache(self, conditioning: Conditioning, purpose: int) -> None:
+        """Rebuild the cache from the clean latents it holds, under ``conditioning``."""
+        frames = sorted(self.history)
+        self.cache.reset()
+        chunk = self.config.generation.chunk_frames
+        groups: list[list[int]] = []
+        for frame in frames:  # contiguous runs, at most one chunk long
+            if groups and frame == groups[-1][-1] + 1 and len(groups[-1]) < chunk:
+                groups[-1].append(frame)
+            else:
+                groups.append([frame])
+        history = dict(self.history)
+        for group in groups:
+            latents = torch.cat([history[f] for f in group], dim=2)
+            self.write(latents, group[0], conditioning, purpose)
+
+    @torch.no_grad()
+    def prefill(self, prefix: torch.Tensor, planner: ChunkPlanner, negative: str) -> None:
+        first = next(iter(planner.chunks(None)))
+        conditioning = self.pipe._conditioning(first, self.guidance, negative)
+        chunk = self.config.generation.chunk_frames
+        for start in range(0, prefix.shape[2], chunk):
+            self.write(prefix[:, :, start : start + chunk], start, conditioning, purpose=3)
+        # warm the streaming decoder so the continuation decodes seamlessly
+        self.decoder.decode(prefix, 0)
+
+    # -------------------------------------------------------------- one chunk
+    @torch.no_grad()
+    def make_chunk(self, chunk: PlannedChunk, negative: str, callback) -> _ChunkResult:
+        pipe = self.pipe
+        t0 = time.perf_counter()
+        conditioning = pipe._conditioning(chunk, self.guidance, negative)
+        actions = [a.value for a in chunk.actions]
+        if DriftAction.REANCHOR in chunk.actions and self.anchor is not None:
+            self.anchor.reset()
+        if DriftAction.RECACHE_PROMPT in chunk.actions or DriftAction.RECACHE_PERIODIC in chunk.actions:
+            self.recache(conditioning, purpose=2)
+
+        latents = self._denoise(chunk, conditioning, callback)
+        t1 = time.perf_counter()
+        corrected = False
+        if self.anchor is not None:
+            latents, corrected = self.anchor.apply(latents)
+            if corrected:
+                actions.append("anchor_correction")
+        self.write(latents, chunk.latent_start, conditioning, purpose=1)
+        measures = self.monitor.measure(latents, self.anchor, corrected) if self.monitor is not None else None
+
+        t2 = time.perf_counter()
+        video = self.decoder.decode(latents, chunk.latent_start)  # (1, 3, T, H, W) in [-1, 1]
+        frames = (
+            ((video[0].permute(1, 2, 3, 0) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
+        )
+        t3 = time.perf_counter()
+        metrics = ChunkMetrics(
+            denoise_seconds=t1 - t0,
+            decode_seconds=t3 - t2,
+            total_seconds=t3 - t0,
+            video_seconds=0.0,
+            real_time_factor=0.0,
+            actions=actions,
+            drift=measures,
+        )
+        return _ChunkResult(frames=frames, latents=latents, metrics=metrics)
+
+    def _denoise(self, chunk: PlannedChunk, conditioning: Conditioning, callback) -> torch.Tensor:
+        pipe = self.pipe
+        h, w = self.latent_hw
+        shape = (1, pipe.transformer.config.in_channels, chunk.latent_end - chunk.latent_start, h, w)
+        noise = _randn(shape, _chunk_generator(self.seed, chunk.index, 0, pipe.device), pipe.device)
+        step_generator = _chunk_generator(self.seed, chunk.index, 4, pipe.device)
+
+        def on_step(index: int, sigma: float, latents: torch.Tensor):
+            if callback is None:
+                return
+            result = callback(pipe, index, sigma * 1000.0, {"latents": latents, "chunk": chunk.index})
+            if isinstance(result, dict) and "latents" in result:
+                latents.copy_(result["latents"])
+
+        if self.config.generation.mode == GenerationMode.DIFFUSION_FORCING.value:
+            return self._denoise_pipelined(chunk, noise, conditioning, on_step, step_generator)
+        return self.denoiser.denoise(
+            noise, conditioning, self.cache, chunk.latent_start, generator=step_generator, callback=on_step
+        )
+
+    def _denoise_pipelined(self, chunk, noise, conditioning, on_step, step_generator) -> torch.Tensor:
+        """Diffusion forcing: chunks in flight at staggered noise levels, one model call advances
+        all of them; returns the chunk whose denoising completes (the oldest in flight)."""
+        g = self.config.generation
+        schedule = self.denoiser.schedule
+        steps = schedule.num_steps
+        lead = -(-steps // g.ar_step) - 1  # chunks started ahead of the one being finished
+        if not self.in_flight:
+            self.in_flight.append((chunk, noise, 0))
+        # top up: start the chunks that follow, as the plan's first_iteration staggers them
+        while len(self.in_flight) <= lead:
+            last, _, last_step = self.in_flight[-1]
+            nxt = _next_chunk(last, g.chunk_frames)
+            nxt_noise = _randn(
+                noise.shape, _chunk_generator(self.seed, nxt.index, 0, noise.device), noise.device
+            )
+            self.in_flight.append((nxt, nxt_noise, last_step - g.ar_step))
+        while True:
+            active = [(c, x, s) for c, x, s in self.in_flight if s >= 0]
+            oldest = self.in_flight[0]
+            if oldest[2] >= steps:
+                break
+            x = torch.cat([x for _, x, _ in active], dim=2)
+            sigmas = torch.cat(
+                [torch.full((1, xi.shape[2]), schedule.sigmas[s], device=xi.device) for _, xi, s in active],
+                dim=1,
+            )
+            velocity = self.denoiser.predict(x, sigmas, conditioning, self.cache, active[0][0].latent_start)
+            updated = []
+            offset = 0
+            for c, xi, s in self.in_flight:
+                if s < 0:
+                    updated.append((c, xi, s + 1))
+                    continue
+                n = xi.shape[2]
+                vi = velocity[:, :, offset : offset + n]
+                offset += n
+                new = schedule.step(xi, vi, s, _chunk_generator(self.seed, c.index, 10 + s, xi.device))
+                if c.index == chunk.index:
+                    on_step(s, schedule.sigmas[s], new)
+                updated.append((c, new, s + 1))
+            self.in_flight = updated
+        finished = self.in_flight.pop(0)
+        if finished[0].index != chunk.index:
+            raise RuntimeError(
+                f"diffusion forcing finished chunk {finished[0].index}, expected {chunk.index}"
+            )
+        return finished[1]
+
+    # -------------------------------------------------------------- resume
+    def save(self, path: str | os.PathLike, chunk_index: int) -> None:
+        extra = {"chunk_index": torch.tensor([chunk_index]), "seed": torch.tensor([self.seed])}
+        for frame, latents in self.history.items():
+            extra[f"history.{frame}"] = latents.cpu()
+        for key, value in self.decoder.state().items():
+            extra[f"decoder.{key}"] = value.cpu()
+        if self.anchor is not None:
+            extra.update({f"anchor.{k}": v.cpu() for k, v in self.anchor.state().items()})
+        for i, (c, x, s) in enumerate(self.in_flight):
+            extra[f"in_flight.{i}.{c.index}.{c.latent_start}.{s}"] = x.cpu()
+        tmp = Path(str(path) + ".tmp")
+        self.cache.save(tmp, extra=extra)
+        os.replace(tmp, path)
+
+    def load(self, path: str | os.PathLike) -> int:
+        cache, extra = KVCache.load(path, device=self.pipe.device)
+        if tuple(cache.k.shape) != tuple(self.cache.k.shape):
+            raise InputError(f"{path} was saved with different settings (cache {tuple(cache.k.shape)})")
+        if int(extra["seed"][0]) != self.seed:
+            raise InputError(f"{path} was saved with seed {int(extra['seed'][0])}, this run uses {self.seed}")
+        self.cache = cache
+        device = self.pipe.device
+        self.history = {
+            int(k.split(".")[1]): v.to(device) for k, v in extra.items() if k.startswith("history.")
+        }
+        self.decoder.load_state(
+            {k[len("decoder.") :]: v.to(device) for k, v in extra.items() if k.startswith("decoder.")}
+        )
+        if self.anchor is not None:
+            self.anchor.load_state(
+                {k[len("anchor.") :]: v.to(device) for k, v in extra.items() if k.startswith("anchor.")}
+            )
+        flight = []
+        for key, value in extra.items():
+            if key.startswith("in_flight."):
+                _, order, index, latent_start, step = key.split(".")
+                flight.append((int(order), int(index), int(latent_start), int(step), value.to(device)))
+        chunk_frames = self.config.generation.chunk_frames
+        self.in_flight = []
+        for _, index, latent_start, step, latents in sorted(flight):
+            placeholder = _next_chunk(_placeholder(index - 1, latent_start - chunk_frames), chunk_frames)
+            self.in_flight.append((placeholder, latents, step))
+        return int(extra["chunk_index"][0])
+
+
+def _placeholder(index: int, latent_start: int) -> PlannedChunk:
+    return PlannedChunk(index, latent_start, latent_start, 0, 0, 0.0, "", None, 1.0, [], [])
+
+
+def _next_chunk(chunk: PlannedChunk, chunk_frames: int) -> PlannedChunk:
+    """A placeholder entry for a chunk started ahead in diffusion forcing (replaced when it is reached)."""
+    return PlannedChunk(
+        index=chunk.index + 1,
+        latent_start=chunk.latent_end,
+        latent_end=chunk.latent_end + chunk_frames,
+        frame_start=chunk.frame_end,
+        frame_end=chunk.frame_end,
+        start_time=chunk.start_time,
+        prompt=chunk.prompt,
+        previous_prompt=None,
+        prompt_weight=1.0,
+        context=[],
+        sigmas=chunk.sigmas,
+    )

@@ -1,0 +1,77 @@
+"""Rectified-flow noise schedule and few-step samplers, as Wan and its causal descendants use them.
+
+Noising: ``x_sigma = (1 - sigma) * x_0 + sigma * noise`` with sigma in [0, 1]; the model sees
+``timestep = 1000 * sigma`` and predicts the velocity ``noise - x_0``. A shift ``s`` spends more
+steps at high noise: ``sigma' = s * sigma / (1 + (s - 1) * sigma)`` (Wan uses 3-5).
+
+Samplers (a ``str`` enum): ``euler`` integrates the flow; ``x0_renoise`` predicts the clean sample
+at each step and re-noises it to the next level with fresh noise (the few-step sampler of CausVid
+and Self Forcing, for distilled models).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+NUM_TRAIN_TIMESTEPS = 1000
+
+
+class SamplerKind(str, Enum):
+    EULER = "euler"
+    X0_RENOISE = "x0_renoise"
+
+
+def shift_sigma(sigma: torch.Tensor | float, shift: float) -> torch.Tensor | float:
+    return shift * sigma / (1 + (shift - 1) * sigma)
+
+
+@dataclass(frozen=True)
+class FlowSchedule:
+    """The sigmas of an N-step sampling run, from 1 down to 0."""
+
+    num_steps: int
+    shift: float = 3.0
+    sampler: SamplerKind = SamplerKind.EULER
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1:
+            raise ValueError(f"num_inference_steps must be >= 1, got {self.num_steps}")
+        if self.shift <= 0:
+            raise ValueError(f"shift must be > 0, got {self.shift}")
+        object.__setattr__(self, "sampler", SamplerKind(self.sampler))
+
+    @property
+    def sigmas(self) -> list[float]:
+        """``num_steps + 1`` levels, the last one 0."""
+        base = [1.0 - i / self.num_steps for i in range(self.num_steps)]
+        return [float(shift_sigma(s, self.shift)) for s in base] + [0.0]
+
+    def step(
+        self,
+        sample: torch.Tensor,
+        velocity: torch.Tensor,
+        index: int,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Move ``sample`` from level ``sigmas[index]`` to ``sigmas[index + 1]``."""
+        sigmas = self.sigmas
+        sigma, sigma_next = sigmas[index], sigmas[index + 1]
+        if self.sampler == SamplerKind.EULER or sigma_next == 0.0:
+            if self.sampler == SamplerKind.X0_RENOISE:
+                return sample - sigma * velocity  # predicted clean sample
+            return sample + (sigma_next - sigma) * velocity
+        clean = sample - sigma * velocity
+        noise = torch.randn(sample.shape, generator=generator, device=sample.device, dtype=sample.dtype)
+        return add_noise(clean, noise, sigma_next)
+
+
+def add_noise(clean: torch.Tensor, noise: torch.Tensor, sigma: torch.Tensor | float) -> torch.Tensor:
+    """``(1 - sigma) * clean + sigma * noise``; ``sigma`` broadcasts (a float or a tensor)."""
+    return (1 - sigma) * clean + sigma * noise
+
+
+def timestep_of(sigma: torch.Tensor | float) -> torch.Tensor | float:
+    return sigma * NUM_TRAIN_TIMESTEPS

@@ -1,0 +1,220 @@
+"""CausalWanTransformer against diffusers' WanTransformer3DModel, and chunked == whole-sequence."""
+
+import pytest
+import torch
+from diffusers import WanTransformer3DModel
+
+from tests.models.conftest import TINY, relative_error
+from vidgen.attention import AttentionPattern
+from vidgen.models import CausalWanTransformer, RopePositionMode
+
+TOL = 1e-5  # relative error, fp32
+
+
+def _pair(**overrides):
+    config = {**TINY, **overrides}
+    reference = WanTransformer3DModel(**config).eval()
+    ours = CausalWanTransformer(**config).eval()
+    ours.load_state_dict(reference.state_dict(), strict=True)
+    return reference, ours
+
+
+@pytest.mark.parametrize(
+    "overrides, shape",
+    [
+        ({}, (2, 4, 5, 6, 8)),  # odd frame count, non-square latent
+        ({"cross_attn_norm": False}, (1, 4, 3, 4, 4)),
+        ({"patch_size": (1, 1, 1), "num_attention_heads": 3, "attention_head_dim": 18}, (1, 4, 2, 3, 5)),
+        ({"patch_size": (2, 2, 2), "in_channels": 3, "out_channels": 5}, (2, 3, 4, 4, 6)),
+    ],
+)
+def test_full_attention_matches_diffusers(overrides, shape):
+    reference, ours = _pair(**overrides)
+    x = torch.randn(shape)
+    timestep = torch.tensor([10.0, 700.0][: shape[0]])
+    text = torch.randn(shape[0], 7, TINY["text_dim"])
+    with torch.no_grad():
+        expected = reference(x, timestep, text).sample
+        got = ours(x, timestep, text).sample
+    assert got.shape == expected.shape
+    assert relative_error(got, expected) <= TOL
+
+
+def test_per_frame_timestep_matches_diffusers_per_token():
+    reference, ours = _pair()
+    x = torch.randn(2, 4, 5, 6, 8)
+    per_frame = torch.rand(2, 5) * 1000
+    per_token = per_frame.repeat_interleave(3 * 4, dim=1)  # 3x4 tokens per latent frame
+    text = torch.randn(2, 7, TINY["text_dim"])
+    with torch.no_grad():
+        expected = reference(x, per_token, text).sample
+        got = ours(x, per_frame, text).sample
+    assert relative_error(got, expected) <= TOL
+
+
+def test_per_frame_timestep_constant_equals_per_sample():
+    _, ours = _pair()
+    x = torch.randn(1, 4, 3, 4, 4)
+    text = torch.randn(1, 7, TINY["text_dim"])
+    with torch.no_grad():
+        a = ours(x, torch.tensor([321.0]), text).sample
+        b = ours(x, torch.full((1, 3), 321.0), text).sample
+    assert relative_error(a, b) <= TOL
+
+
+def _chunked(model, x, timesteps, text, chunk, sinks, window, rope_mode="absolute", chunks_per_call=1):
+    frames, h, w = x.shape[2:]
+    cache = model.make_kv_cache(
+        batch_size=x.shape[0], latent_height=h, latent_width=w, sink_frames=sinks, window_frames=window
+    )
+    context = model.encode_text(text)
+    outputs = []
+    step = chunk * chunks_per_call
+    frame_tokens = model.frame_tokens(h, w)
+    pattern = AttentionPattern.block_causal(frame_tokens, chunk) if chunks_per_call > 1 else None
+    for start in range(0, frames, step):
+        part = slice(start, start + step)
+        out = model(
+            x[:, :, part],
+            timesteps[:, part],
+            text_context=context,
+            kv_cache=cache,
+            frame_offset=start,
+            update_cache=True,
+            rope_mode=rope_mode,
+            attention_pattern=pattern,
+        ).sample
+        outputs.append(out)
+    return torch.cat(outputs, dim=2), cache
+
+
+def test_chunked_with_cache_equals_block_causal_forward():
+    _, model = _pair()
+    x = torch.randn(1, 4, 9, 4, 6)  # 3 chunks of 3 latent frames
+    timesteps = torch.rand(1, 9) * 1000
+    text = torch.randn(1, 7, TINY["text_dim"])
+    pattern = AttentionPattern.block_causal(frame_tokens=2 * 3, chunk_frames=3)
+    with torch.no_grad():
+        whole = model(x, timesteps, text, attention_pattern=pattern).sample
+        chunked, cache = _chunked(model, x, timesteps, text, chunk=3, sinks=0, window=9)
+    assert relative_error(chunked, whole) <= TOL
+    assert cache.cached_frames == list(range(9))
+
+
+@pytest.mark.parametrize("sinks, window", [(2, 4), (0, 4), (2, 2), (4, 2), (2, 20)])
+def test_chunked_sliding_window_equals_windowed_forward(sinks, window):
+    _, model = _pair()
+    frames = 14
+    x = torch.randn(1, 4, frames, 4, 6)
+    timesteps = torch.rand(1, frames) * 1000
+    text = torch.randn(1, 7, TINY["text_dim"])
+    pattern = AttentionPattern.sliding_window(
+        frame_tokens=6, chunk_frames=2, window_frames=window, sink_frames=sinks
+    )
+    with torch.no_grad():
+        whole = model(x, timesteps, text, attention_pattern=pattern).sample
+        chunked, _ = _chunked(model, x, timesteps, text, chunk=2, sinks=sinks, window=window)
+    assert relative_error(chunked, whole) <= TOL
+
+
+def test_several_chunks_per_call_equal_one_at_a_time():
+    """Diffusion-forcing pipelining feeds a few chunks at once under a block-causal pattern; while
+    the cache keeps all history the result is the same as one chunk at a time."""
+    _, model = _pair()
+    x = torch.randn(1, 4, 12, 4, 4)
+    timesteps = torch.rand(1, 12) * 1000
+    text = torch.randn(1, 7, TINY["text_dim"])
+    with torch.no_grad():
+        one, _ = _chunked(model, x, timesteps, text, chunk=2, sinks=0, window=12)
+        two, _ = _chunked(model, x, timesteps, text, chunk=2, sinks=0, window=12, chunks_per_call=2)
+    assert relative_error(two, one) <= TOL
+
+
+def test_rolling_positions_without_sinks_equal_absolute():
+    """RoPE sees only position differences: shifting the window keeps the output (no sinks)."""
+    _, model = _pair()
+    x = torch.randn(1, 4, 16, 4, 4)
+    timesteps = torch.rand(1, 16) * 1000
+    text = torch.randn(1, 7, TINY["text_dim"])
+    with torch.no_grad():
+        absolute, _ = _chunked(model, x, timesteps, text, chunk=2, sinks=0, window=4, rope_mode="absolute")
+        rolling, _ = _chunked(model, x, timesteps, text, chunk=2, sinks=0, window=4, rope_mode="rolling")
+    assert relative_error(rolling, absolute) <= TOL
+
+
+def test_rolling_positions_with_sinks_equal_absolute_until_the_window_slides():
+    _, model = _pair()
+    x = torch.randn(1, 4, 16, 4, 4)
+    timesteps = torch.rand(1, 16) * 1000
+    text = torch.randn(1, 7, TINY["text_dim"])
+    with torch.no_grad():
+        absolute, _ = _chunked(model, x, timesteps, text, chunk=2, sinks=2, window=4, rope_mode="absolute")
+        rolling, _ = _chunked(model, x, timesteps, text, chunk=2, sinks=2, window=4, rope_mode="rolling")
+    # up to frame sinks + window the schemes are identical; afterwards the sinks move closer
+    assert relative_error(rolling[:, :, :8], absolute[:, :, :8]) <= TOL
+    assert relative_error(rolling[:, :, 8:], absolute[:, :, 8:]) > 1e-4
+
+
+def test_rolling_positions_stay_bounded_for_long_videos():
+    """Far past rope_max_seq_len (64 here) the rolling scheme still runs and costs the same."""
+    _, model = _pair()
+    cache = model.make_kv_cache(batch_size=1, latent_height=4, latent_width=4, sink_frames=2, window_frames=4)
+    context = model.encode_text(torch.randn(1, 7, TINY["text_dim"]))
+    chunk = torch.randn(1, 4, 2, 4, 4)
+    with torch.no_grad():
+        for start in range(0, 400, 2):
+            out = model(
+                chunk,
+                torch.tensor([500.0]),
+                text_context=context,
+                kv_cache=cache,
+                frame_offset=start,
+                update_cache=True,
+                rope_mode=RopePositionMode.ROLLING,
+            ).sample
+    assert torch.isfinite(out).all()
+    assert sorted(cache.cached_frames) == [0, 1, 396, 397, 398, 399]
+    with pytest.raises(ValueError, match="rope_max_seq_len"):
+        model(
+            chunk,
+            torch.tensor([500.0]),
+            text_context=context,
+            kv_cache=cache,
+            frame_offset=400,
+            rope_mode="absolute",
+        )
+
+
+def test_text_context_reused_equals_fresh_encoding():
+    _, model = _pair()
+    x = torch.randn(1, 4, 2, 4, 4)
+    text = torch.randn(1, 7, TINY["text_dim"])
+    with torch.no_grad():
+        a = model(x, torch.tensor([5.0]), text).sample
+        b = model(x, torch.tensor([5.0]), text_context=model.encode_text(text)).sample
+    assert torch.equal(a, b)
+
+
+def test_gradients_flow_through_block_causal_training_forward():
+    _, model = _pair()
+    model.train()
+    x = torch.randn(2, 4, 4, 4, 4)
+    pattern = AttentionPattern.block_causal(frame_tokens=4, chunk_frames=2)
+    out = model(
+        x, torch.rand(2, 4) * 1000, torch.randn(2, 7, TINY["text_dim"]), attention_pattern=pattern
+    ).sample
+    out.square().mean().backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_bad_inputs_raise_clear_errors():
+    _, model = _pair()
+    with pytest.raises(ValueError, match="per-frame timestep"):
+        model(torch.randn(1, 4, 3, 4, 4), torch.rand(1, 2), torch.randn(1, 7, 16))
+    with pytest.raises(ValueError, match="encoder_hidden_states or text_context"):
+        model(torch.randn(1, 4, 3, 4, 4), torch.rand(1))
+    with pytest.raises(ValueError, match="not divisible"):
+        model.latent_grid(5, 4)
+    with pytest.raises(ValueError, match="I2V"):
+        CausalWanTransformer(**{**TINY, "image_dim": 32, "added_kv_proj_dim": 24})

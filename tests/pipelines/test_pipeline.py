@@ -1,0 +1,185 @@
+"""LongVideoPipeline with a tiny random model: streaming, determinism, resume, continuation, errors."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tests.tiny import save_tiny_pipeline, tiny_components
+from vidgen.pipelines import ChunkPlan, InputError, LongVideoPipeline, ModelLoadError, StreamControl
+
+PROMPT = "a red circle moving left on a black background"
+BOARD = [(0.0, PROMPT), (1.0, "a blue square moving up on a white background")]
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return tiny_components()
+
+
+def _frames(chunks):
+    return np.concatenate([c.frames for c in chunks])
+
+
+def test_call_equals_stream_and_is_deterministic(pipe):
+    out = pipe(PROMPT, seconds=2, generator=3)
+    streamed = _frames(pipe.stream(PROMPT, seconds=2, generator=3))
+    assert out.frames.shape == (32, 64, 64, 3) and out.frames.dtype == np.float32
+    assert np.array_equal(out.frames, streamed.astype(np.float32) / 255.0)
+    again = pipe(PROMPT, seconds=2, generator=3).frames
+    assert np.array_equal(again, out.frames)
+    other = pipe(PROMPT, seconds=2, generator=4).frames
+    assert not np.array_equal(other, out.frames)
+
+
+def test_output_types(pipe):
+    pt = pipe(PROMPT, num_frames=9, generator=0, output_type="pt").frames
+    assert pt.shape == (9, 3, 64, 64) and pt.dtype == torch.float32
+    pil = pipe(PROMPT, num_frames=9, generator=0, output_type="pil").frames
+    assert len(pil) == 9 and pil[0].size == (64, 64)
+    latent = pipe(PROMPT, num_frames=9, generator=0, output_type="latent").frames
+    assert latent.shape == (1, 4, 4, 16, 16)  # 9 frames -> 3 latent frames, rounded up to 2 chunks
+    (frames,) = pipe(PROMPT, num_frames=9, generator=0, return_dict=False)
+    assert np.array_equal(frames * 255, pt.permute(0, 2, 3, 1).numpy() * 255)
+
+
+def test_chunks_carry_indices_times_and_metrics(pipe):
+    chunks = list(pipe.stream(PROMPT, seconds=2, generator=0))
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    starts = [c.frame_start for c in chunks]
+    assert starts[0] == 0 and all(b - a == len(c.frames) for a, b, c in zip(starts, starts[1:], chunks))
+    assert sum(len(c.frames) for c in chunks) == 32
+    assert all(c.frames.dtype == np.uint8 and c.frames.shape[1:] == (64, 64, 3) for c in chunks)
+    m = chunks[-1].metrics
+    assert m.total_seconds > 0 and m.real_time_factor > 0 and m.drift is not None
+
+
+def test_plan_is_serialisable_and_follows_the_storyboard(pipe):
+    plan = pipe.plan(storyboard=BOARD, seconds=3)
+    again = ChunkPlan.from_json(plan.to_json())
+    assert again.to_json() == plan.to_json()
+    assert plan.chunks[-1].frame_end >= 48
+    changed = [c for c in plan.chunks if c.start_time >= 1.0]
+    first = changed[0]
+    assert first.prompt == BOARD[1][1] and first.previous_prompt == PROMPT
+    assert [a.value for a in first.actions] == ["reanchor", "recache_prompt"]
+    assert all(c.prompt == PROMPT for c in plan.chunks if c.start_time < 1.0)
+    # the context: the two sink frames and a window of four
+    assert plan.chunks[4].context == [0, 1, 4, 5, 6, 7]
+    json.loads(plan.to_json())
+
+
+def test_storyboard_video_changes_prompt(pipe):
+    chunks = list(pipe.stream(storyboard=BOARD, seconds=3, generator=1))
+    assert chunks[0].prompt == PROMPT and chunks[-1].prompt == BOARD[1][1]
+    assert any("recache_prompt" in c.metrics.actions for c in chunks)
+
+
+def test_resume_after_interruption_gives_identical_frames(pipe, tmp_path):
+    state = tmp_path / "state.safetensors"
+    full = _frames(pipe.stream(storyboard=BOARD, seconds=3, generator=5))
+    stream = pipe.stream(storyboard=BOARD, seconds=3, generator=5, state_path=state)
+    first = [next(stream) for _ in range(3)]
+    stream.close()
+    rest = list(pipe.stream(storyboard=BOARD, seconds=3, generator=5, state_path=state, resume=True))
+    assert rest[0].index == 3
+    assert np.array_equal(_frames(first + rest), full)
+
+
+def test_continuation_prefills_the_clip(pipe):
+    clip = (np.random.default_rng(0).random((9, 64, 64, 3)) * 255).astype(np.uint8)
+    other = np.zeros_like(clip)
+    a = pipe(PROMPT, num_frames=16, generator=0, video=clip).frames
+    b = pipe(PROMPT, num_frames=16, generator=0, video=other).frames
+    plain = pipe(PROMPT, num_frames=16, generator=0).frames
+    assert a.shape == (16, 64, 64, 3)
+    assert not np.array_equal(a, b) and not np.array_equal(a, plain)
+    single = pipe(PROMPT, num_frames=8, generator=0, image=clip[0]).frames
+    assert single.shape == (8, 64, 64, 3)
+
+
+def test_diffusion_forcing_with_one_chunk_in_flight_equals_chunkwise():
+    chunkwise = tiny_components()
+    forcing = tiny_components(**{"generation.mode": "diffusion_forcing", "generation.ar_step": 4})
+    a = chunkwise(PROMPT, seconds=2, generator=0).frames
+    b = forcing(PROMPT, seconds=2, generator=0).frames
+    assert np.array_equal(a, b)
+
+
+def test_diffusion_forcing_pipelines_several_chunks():
+    forcing = tiny_components(**{"generation.mode": "diffusion_forcing", "generation.ar_step": 1})
+    a = forcing(PROMPT, seconds=2, generator=0).frames
+    assert a.shape == (32, 64, 64, 3)
+    assert np.array_equal(a, forcing(PROMPT, seconds=2, generator=0).frames)
+    assert not np.array_equal(a, tiny_components()(PROMPT, seconds=2, generator=0).frames)
+
+
+def test_guidance_runs_both_branches(pipe):
+    guided = pipe(PROMPT, seconds=1, generator=0, guidance_scale=3.0).frames
+    plain = pipe(PROMPT, seconds=1, generator=0).frames
+    assert guided.shape == plain.shape and not np.array_equal(guided, plain)
+
+
+def test_stream_control_changes_prompt_and_stops(pipe):
+    control = StreamControl()
+    seen = []
+    for chunk in pipe.stream(PROMPT, generator=0, control=control):  # no length: until stopped
+        seen.append(chunk)
+        if chunk.index == 1:
+            control.change_prompt("a green triangle moving down on a gray background")
+        if chunk.index == 4:
+            control.stop()
+    assert len(seen) == 5
+    assert seen[1].prompt == PROMPT and seen[2].prompt.startswith("a green triangle")
+
+
+def test_save_and_load_round_trip(tmp_path):
+    folder = save_tiny_pipeline(tmp_path / "tiny")
+    loaded = LongVideoPipeline.from_pretrained(folder)
+    original = tiny_components()
+    assert np.array_equal(
+        loaded(PROMPT, seconds=1, generator=2).frames, original(PROMPT, seconds=1, generator=2).frames
+    )
+
+
+def test_missing_and_corrupt_weights_name_the_path(tmp_path):
+    with pytest.raises(ModelLoadError, match="never downloads"):
+        LongVideoPipeline.from_pretrained(tmp_path / "nowhere")
+    folder = save_tiny_pipeline(tmp_path / "tiny")
+    weights = next((folder / "transformer").glob("*.safetensors"))
+    weights.write_bytes(b"garbage")
+    with pytest.raises(ModelLoadError, match="transformer"):
+        LongVideoPipeline.from_pretrained(folder)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"prompt": "  ", "seconds": 1}, "empty"),
+        ({"prompt": PROMPT, "seconds": -1}, "length"),
+        ({"prompt": PROMPT, "seconds": 1, "height": 50}, "multiples of 8"),
+        ({"storyboard": [(0, PROMPT), (0, PROMPT)], "seconds": 1}, "increase"),
+        ({"storyboard": [(1, PROMPT)], "seconds": 1}, "starts at 0"),
+        ({"prompt": PROMPT, "storyboard": BOARD, "seconds": 1}, "exactly one"),
+    ],
+)
+def test_bad_requests_raise_clear_errors(pipe, kwargs, message):
+    with pytest.raises(InputError, match=message):
+        pipe(**kwargs)
+
+
+def test_call_needs_a_length(pipe):
+    with pytest.raises(InputError, match="num_frames"):
+        pipe(PROMPT)
+    with pytest.raises(InputError, match="output_type"):
+        pipe(PROMPT, seconds=1, output_type="gif")
+
+
+def test_steps_and_overrides_apply_to_one_video_only(pipe):
+    two = pipe(PROMPT, seconds=1, generator=0, num_inference_steps=2).frames
+    four = pipe(PROMPT, seconds=1, generator=0).frames
+    assert not np.array_equal(two, four)
+    windowed = pipe(PROMPT, seconds=2, generator=0, overrides={"generation.window_frames": 2}).frames
+    assert not np.array_equal(windowed, pipe(PROMPT, seconds=2, generator=0).frames)
+    assert pipe.config.generation.window_frames == 4

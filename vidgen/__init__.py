@@ -1,0 +1,44 @@
+"""vidgen: long-form video generation with a causal, Wan 2.1-compatible diffusion transformer.
+
+Nothing heavy happens at import: the public names below are resolved lazily.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "LongVideoPipeline": "vidgen.pipelines",
+    "VideoChunk": "vidgen.pipelines",
+    "CausalWanTransformer": "vidgen.models",
+    "KVCache": "vidgen.models",
+    "dispatch_attention": "vidgen.attention",
+    "AttentionPattern": "vidgen.attention",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vidgen.attention import AttentionPattern, dispatch_attention
+    from vidgen.models import CausalWanTransformer, KVCache
+    from vidgen.pipelines import LongVideoPipeline, VideoChunk
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vidgen' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = [  # noqa: F822 - resolved lazily by __getattr__
+    "AttentionPattern",
+    "CausalWanTransformer",
+    "KVCache",
+    "LongVideoPipeline",
+    "VideoChunk",
+    "__version__",
+    "dispatch_attention",
+]

@@ -1,0 +1,7 @@
+"""``python -m vidgen`` runs the command line."""
+
+import sys
+
+from vidgen.cli import main
+
+sys.exit(main())

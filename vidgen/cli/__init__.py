@@ -1,0 +1,52 @@
+"""The ``vidgen`` command line: one module per subcommand, each with ``add_parser`` and ``run``.
+
+User errors raise :class:`UsageError`; ``main`` prints its one-line message and exits with status 2
+(no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> module under vidgen.cli; modules are imported only when their command runs or --help lists them
+_COMMANDS = {
+    "render": "render",
+    "serve": "serve",
+    "bench": "bench",
+    "train": "train",
+    "eval": "evaluate",
+    "info": "info",
+}
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for; printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vidgen", description="Long-form video generation.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, module_name in _COMMANDS.items():
+        module = importlib.import_module(f"vidgen.cli.{module_name}")
+        module.add_parser(sub, name)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except UsageError as err:
+        print(f"vidgen {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"vidgen {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

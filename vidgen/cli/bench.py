@@ -1,0 +1,78 @@
+"""``vidgen bench TARGET``: benchmarks that report ratios measured in one run (tables + PNG plots).
+
+Options are declared here so that building the parser imports no torch; each target's module
+(``vidgen.<part>.benchmark``) is imported only when it runs and exposes ``main(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+
+def _positive_ints(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _add_attention_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--seq-lens",
+        type=_positive_ints,
+        default=[4096, 8192, 16384, 32768, 65536],
+        help="comma-separated sequence lengths in tokens (default: 4096,...,65536)",
+    )
+    parser.add_argument(
+        "--window-tokens", type=int, default=512, help="history visible before a query's chunk (default: 512)"
+    )
+    parser.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=256,
+        help="tokens per causal chunk; divides --window-tokens (default: 256)",
+    )
+    parser.add_argument("--heads", type=int, default=4, help="attention heads (default: 4)")
+    parser.add_argument("--head-dim", type=int, default=64, help="head dimension (default: 64)")
+    parser.add_argument("--batch", type=int, default=1, help="batch size (default: 1)")
+    parser.add_argument(
+        "--backends", default=None, help="comma-separated backends for the window (default: all usable here)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed calls per measurement, after one warm-up"
+    )
+    parser.add_argument(
+        "--max-dense-len",
+        type=int,
+        default=16384,
+        help="longest sequence for dense attention; longer ones are extrapolated and marked (default: 16384)",
+    )
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
+_TARGETS = {
+    # target -> (module with main(args), function adding its options)
+    "attention": ("vidgen.attention.benchmark", _add_attention_options),
+}
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    parser = sub.add_parser(name, help="run a benchmark: " + ", ".join(_TARGETS))
+    targets = parser.add_subparsers(dest="target", metavar="TARGET")
+    targets.required = True
+    for target, (module_name, add_options) in _TARGETS.items():
+        tp = targets.add_parser(target, help=f"benchmark {target}")
+        tp.add_argument("--out-dir", default="outputs/bench", help="folder for the JSON table and PNG plot")
+        add_options(tp)
+        tp.set_defaults(run=_runner(module_name))
+
+
+def _runner(module_name: str):
+    def run(args: argparse.Namespace) -> int:
+        return int(importlib.import_module(module_name).main(args) or 0)
+
+    return run

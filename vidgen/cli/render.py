@@ -1,0 +1,223 @@
+"""``vidgen render``: a prompt or storyboard to an MP4, written as it is made, resumable.
+
+While rendering, ``OUT.parts/`` holds one segment per finished chunk, the request and the
+generation state after the last complete chunk. A render that is killed (even with SIGKILL) and
+rerun with ``--resume`` continues from there and ends with the frames an uninterrupted render
+would have made; the MP4 itself only appears, under its final name, when the render completes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from vidgen.cli import UsageError
+from vidgen.config import tomllib
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(name, help="render a video from a prompt or a storyboard")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prompt", help="what the video shows")
+    what.add_argument("--storyboard", help="TOML or JSON file of timed prompts (see the README)")
+    p.add_argument("--seconds", type=float, default=10.0, help="video length in seconds (default 10)")
+    p.add_argument("--fps", type=int, help="frames per second (default: the model's)")
+    p.add_argument("--height", type=int, help="frame height in pixels")
+    p.add_argument("--width", type=int, help="frame width in pixels")
+    p.add_argument("--steps", type=int, help="sampler steps per chunk")
+    p.add_argument("--guidance", type=float, help="classifier-free guidance scale (1: off)")
+    p.add_argument("--seed", type=int, help="random seed (default: random, printed)")
+    p.add_argument("--config", help="a preset name or TOML file (default: the model's own)")
+    p.add_argument("--model", help="a local pipeline folder or preset name (default: the embedded model)")
+    p.add_argument("--transformer", help="a causal transformer checkpoint replacing the model's")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="TABLE.KEY=VALUE", help="override a config value"
+    )
+    p.add_argument("--out", required=True, help="output MP4 path")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted render of the same --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--parallel", choices=["none", "ray"], default="none", help="run on Ray (see the README)")
+    p.add_argument("--sp", type=int, default=1, help="sequence-parallel degree with --parallel ray")
+    p.set_defaults(run=run)
+
+
+def read_storyboard(path: str) -> list[tuple[float, str]]:
+    """``[[scene]] start = 0  prompt = "..."`` (TOML) or ``[{"start": 0, "prompt": "..."}]`` /
+    ``[[0, "..."], ...]`` (JSON)."""
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"storyboard file not found: {path}")
+    text = file.read_text()
+    try:  # TOMLDecodeError and JSONDecodeError are both ValueErrors
+        if file.suffix == ".toml":
+            data = tomllib.loads(text)
+            data = data.get("scene", data.get("scenes"))
+        else:
+            data = json.loads(text)
+            if isinstance(data, dict):
+                data = data.get("scenes", data.get("scene"))
+    except ValueError as err:
+        raise UsageError(f"cannot parse storyboard {path}: {err}") from None
+    if not isinstance(data, list) or not data:
+        raise UsageError(f"storyboard {path} must hold a list of scenes with start and prompt")
+    board = []
+    for i, entry in enumerate(data):
+        if isinstance(entry, dict):
+            start, prompt = entry.get("start"), entry.get("prompt")
+        elif isinstance(entry, (list, tuple)) and len(entry) == 2:
+            start, prompt = entry
+        else:
+            start = prompt = None
+        if not isinstance(start, (int, float)) or not isinstance(prompt, str):
+            raise UsageError(f"storyboard {path}: scene {i} needs a numeric start and a prompt string")
+        board.append((float(start), prompt))
+    return board
+
+
+def parse_overrides(items: list[str]) -> dict[str, object]:
+    overrides: dict[str, object] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or "." not in key:
+            raise UsageError(f"--set expects TABLE.KEY=VALUE, got {item!r}")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except ValueError:
+            value = raw  # a bare string
+        overrides[key.strip()] = value
+    return overrides
+
+
+def _request(args: argparse.Namespace) -> dict:
+    return {
+        "prompt": args.prompt,
+        "storyboard": read_storyboard(args.storyboard) if args.storyboard else None,
+        "seconds": args.seconds,
+        "height": args.height,
+        "width": args.width,
+        "steps": args.steps,
+        "guidance": args.guidance,
+        "model": args.model,
+        "transformer": args.transformer,
+        "config": args.config,
+        "set": args.set,
+        "fps": args.fps,
+    }
+
+
+def load_pipeline(args: argparse.Namespace):
+    from vidgen.config import ConfigError
+    from vidgen.pipelines import LongVideoPipeline, ModelLoadError
+
+    overrides = parse_overrides(args.set)
+    if getattr(args, "fps", None):
+        overrides["generation.fps"] = args.fps
+    if getattr(args, "transformer", None):
+        overrides["model.transformer"] = args.transformer
+    try:
+        return LongVideoPipeline.from_pretrained(args.model, config=args.config, **overrides)
+    except (ConfigError, ModelLoadError) as err:
+        raise UsageError(str(err)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from vidgen.config import ConfigError
+    from vidgen.pipelines import InputError
+    from vidgen.video import SegmentedRecording
+
+    out = Path(args.out)
+    if out.suffix.lower() != ".mp4":
+        raise UsageError(f"--out must end in .mp4, got {args.out}")
+    if args.seconds <= 0:
+        raise UsageError(f"--seconds must be positive, got {args.seconds}")
+    parts = out.with_name(out.name + ".parts")
+    request = _request(args)
+
+    if parts.exists() and not args.resume:
+        raise UsageError(
+            f"an interrupted render exists at {parts}: pass --resume to continue it, or delete it"
+        )
+    if args.resume and (parts / "request.json").is_file():
+        saved = json.loads((parts / "request.json").read_text())
+        seed = saved.pop("seed")
+        saved["storyboard"] = [tuple(e) for e in saved["storyboard"]] if saved["storyboard"] else None
+        if saved != request:
+            raise UsageError(
+                f"--resume: the arguments differ from the interrupted render's ({parts / 'request.json'})"
+            )
+    else:
+        seed = args.seed if args.seed is not None else int(time.time() * 1000) % (2**31 - 1)
+        try:
+            parts.mkdir(parents=True, exist_ok=True)
+            (parts / "request.json").write_text(json.dumps({**request, "seed": seed}))
+        except OSError as err:
+            raise UsageError(f"cannot write next to {out}: {err.strerror}") from None
+
+    if args.parallel == "ray":
+        from vidgen.distributed.render import render_with_ray
+
+        return render_with_ray(args, request, seed, parts, out)
+
+    pipe = load_pipeline(args)
+    recording = SegmentedRecording(parts, fps=pipe.config.generation.fps)
+    done = len(recording.completed_chunks())
+    fps = pipe.config.generation.fps
+    total_frames = round(args.seconds * fps)
+    if not args.quiet:
+        print(f"vidgen render: seed {seed}, {args.seconds:g} s at {fps} fps -> {out}", file=sys.stderr)
+    progress = _Progress(total_frames, fps, recording.num_frames(), quiet=args.quiet)
+    try:
+        for chunk in pipe.stream(
+            args.prompt,
+            storyboard=request["storyboard"],
+            num_frames=total_frames,
+            height=args.height,
+            width=args.width,
+            num_inference_steps=args.steps,
+            guidance_scale=args.guidance,
+            generator=seed,
+            state_path=parts / "state.safetensors",
+            resume=done > 0,
+        ):
+            recording.append(chunk.index, chunk.frames)
+            progress.update(len(chunk.frames), chunk.metrics.real_time_factor)
+    except (InputError, ConfigError) as err:
+        shutil.rmtree(parts, ignore_errors=True)
+        raise UsageError(str(err)) from None
+    finally:
+        progress.close()
+    recording.finalize(out)
+    shutil.rmtree(parts, ignore_errors=True)
+    if not args.quiet:
+        print(f"vidgen render: wrote {out} ({total_frames} frames)", file=sys.stderr)
+    return 0
+
+
+class _Progress:
+    """Chunks, video seconds made, real-time factor and ETA."""
+
+    def __init__(self, total_frames: int, fps: int, initial: int, quiet: bool) -> None:
+        self.fps = fps
+        self.bar = None
+        if not quiet:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total_frames, initial=initial, unit="frame", dynamic_ncols=True, file=sys.stderr
+            )
+        self.chunks = 0
+
+    def update(self, frames: int, rtf: float) -> None:
+        self.chunks += 1
+        if self.bar is not None:
+            made = (self.bar.n + frames) / self.fps
+            self.bar.set_postfix_str(f"chunks={self.chunks} video={made:.1f}s rtf={rtf:.2f}x", refresh=False)
+            self.bar.update(frames)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

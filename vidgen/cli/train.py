@@ -1,0 +1,103 @@
+"""``vidgen train``: train the default model's parts on Shapes World, resumably, in stretches.
+
+    vidgen train autoencoder --run-dir runs/ae --minutes 60
+    vidgen train finalize-autoencoder --run-dir runs/ae --out runs/ae/final
+    vidgen train transformer --run-dir runs/dit --autoencoder runs/ae/final --minutes 120
+    vidgen train export --transformer-run runs/dit --autoencoder runs/ae/final --out vidgen/default_model
+
+Every option of the training configs (``vidgen.training.*TrainConfig``) is a flag; rerunning the
+same command continues from ``RUN_DIR/latest``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+
+from vidgen.cli import UsageError
+
+
+def _add_dataclass_options(parser: argparse.ArgumentParser, cls) -> None:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if kind is bool:
+            parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=default)
+        elif kind in (int, float, str):
+            parser.add_argument(flag, type=kind, default=default, help=f"(default {default})")
+
+
+def _config_from_args(cls, args: argparse.Namespace):
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    return cls(**values)
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    from vidgen.training.configs import AutoencoderTrainConfig, TransformerTrainConfig
+
+    parser = sub.add_parser(name, help="train the default model (autoencoder, transformer) on Shapes World")
+    parts = parser.add_subparsers(dest="part", metavar="PART")
+    parts.required = True
+
+    ae = parts.add_parser("autoencoder", help="train the autoencoder")
+    _add_dataclass_options(ae, AutoencoderTrainConfig)
+    ae.set_defaults(run=_run_autoencoder)
+
+    fin = parts.add_parser("finalize-autoencoder", help="save EMA weights with measured latent statistics")
+    fin.add_argument("--run-dir", required=True)
+    fin.add_argument("--out", required=True)
+    fin.set_defaults(run=_run_finalize)
+
+    tr = parts.add_parser("transformer", help="train the causal transformer with diffusion forcing")
+    _add_dataclass_options(tr, TransformerTrainConfig)
+    tr.set_defaults(run=_run_transformer)
+
+    ex = parts.add_parser("export", help="assemble a pipeline folder from trained parts")
+    ex.add_argument(
+        "--transformer-run", required=True, help="transformer run folder (its EMA weights are used)"
+    )
+    ex.add_argument("--autoencoder", required=True, help="finalized autoencoder folder")
+    ex.add_argument("--out", required=True, help="pipeline folder to write (e.g. vidgen/default_model)")
+    ex.add_argument(
+        "--dtype", default="float16", choices=["float32", "float16", "bfloat16"], help="stored weights"
+    )
+    ex.set_defaults(run=_run_export)
+
+
+def _run_autoencoder(args: argparse.Namespace) -> int:
+    from vidgen.training.autoencoder import train_autoencoder
+    from vidgen.training.configs import AutoencoderTrainConfig
+
+    train_autoencoder(_config_from_args(AutoencoderTrainConfig, args))
+    return 0
+
+
+def _run_finalize(args: argparse.Namespace) -> int:
+    from vidgen.training.autoencoder import finalize_autoencoder
+
+    finalize_autoencoder(args.run_dir, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _run_transformer(args: argparse.Namespace) -> int:
+    from vidgen.training.configs import TransformerTrainConfig
+    from vidgen.training.transformer import train_transformer
+
+    try:
+        train_transformer(_config_from_args(TransformerTrainConfig, args))
+    except FileNotFoundError as err:
+        raise UsageError(str(err)) from None
+    return 0
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from vidgen.training.export import export_pipeline
+
+    folder = export_pipeline(args.transformer_run, args.autoencoder, args.out, dtype=args.dtype)
+    print(f"wrote {folder}")
+    return 0

@@ -1,0 +1,314 @@
+"""Typed configuration: TOML presets in ``configs/`` load into these dataclasses.
+
+A config has four tables -- ``[model]`` (which weights and components), ``[generation]`` (chunking,
+context window, sampler), ``[drift]`` (drift-correction switches) and ``[runtime]`` (device, dtype,
+attention backend, compile, offload). Unknown keys are an error that names the key; every field
+is validated in ``__post_init__`` with a message that says what to change.
+
+Presets: ``default`` (the embedded Shapes World model) and ``wan2.1-t2v-1.3b-causal`` (local Wan
+2.1 / Self Forcing / CausVid / LongLive weights). ``load_config("default")`` reads a preset by name,
+``load_config("path/to/file.toml")`` a file; ``config.replace(**{"generation.window_frames": 8})``
+applies overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, get_args, get_type_hints
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A config value or key that cannot be used; the message says what to change."""
+
+
+def _check_choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(repr, choices))}")
+
+
+def _check_positive(name: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{name} must be {bound}, got {value}")
+
+
+TextEncoderKind = Literal["minilm", "umt5"]
+VaeKind = Literal["lite", "wan"]
+TextConditioning = Literal["single", "with_previous"]
+GenerationMode = Literal["chunkwise", "diffusion_forcing"]
+SamplerName = Literal["euler", "x0_renoise"]
+RopeMode = Literal["absolute", "rolling"]
+Dtype = Literal["float32", "bfloat16", "float16"]
+Device = Literal["auto", "cpu", "cuda"]
+
+
+@dataclass
+class ModelConfig:
+    """Which weights and components make the pipeline."""
+
+    path: str = ""
+    """Local folder of a saved pipeline (``model_index.json``); empty: the embedded default model."""
+    transformer: str = ""
+    """Optional transformer checkpoint replacing the folder's (a causal Wan 2.1 file or folder,
+    diffusers or original key layout, e.g. Self Forcing / CausVid / LongLive converted to safetensors)."""
+    text_encoder: TextEncoderKind = "minilm"
+    """Prompt encoder: ``minilm`` (ships with vidgen) or ``umt5`` (Wan 2.1, from the folder)."""
+    text_max_length: int = 32
+    """Tokens per prompt (Wan 2.1: 512)."""
+    vae: VaeKind = "lite"
+    """Autoencoder: ``lite`` (vidgen's AutoencoderKLLite) or ``wan`` (diffusers' AutoencoderKLWan)."""
+    text_conditioning: TextConditioning = "single"
+    """``with_previous``: the model reads ``[prompt ‖ previous prompt]`` and learned to apply what
+    changed while a prompt change is fresh (the embedded model); ``single``: the prompt alone."""
+
+    def __post_init__(self) -> None:
+        _check_choice("model.text_encoder", self.text_encoder, get_args(TextEncoderKind))
+        _check_choice("model.vae", self.vae, get_args(VaeKind))
+        _check_choice("model.text_conditioning", self.text_conditioning, get_args(TextConditioning))
+        _check_positive("model.text_max_length", self.text_max_length)
+
+
+@dataclass
+class GenerationConfig:
+    """How a video is cut into chunks and how each chunk is sampled."""
+
+    height: int = 64
+    width: int = 64
+    fps: int = 16
+    """Frames per second of the output video."""
+    num_inference_steps: int = 4
+    guidance_scale: float = 1.0
+    """Classifier-free guidance (1.0: off, one model call per step)."""
+    negative_prompt: str = ""
+    shift: float = 3.0
+    """Noise-schedule shift (more steps at high noise)."""
+    sampler: SamplerName = "euler"
+    chunk_frames: int = 2
+    """Latent frames per chunk (``causal_block_size`` in diffusers' SkyReels-V2 naming)."""
+    sink_frames: int = 2
+    """Latent frames at the start of the video that every chunk keeps attending to (0: none)."""
+    window_frames: int = 4
+    """Latent frames of recent history each chunk attends to (the sliding window)."""
+    rope_mode: RopeMode = "rolling"
+    """Temporal positions: ``rolling`` keeps them bounded for any length; ``absolute`` is exact
+    with whole-sequence attention but limited to the model's rope_max_seq_len."""
+    mode: GenerationMode = "chunkwise"
+    """``chunkwise``: one chunk at a time; ``diffusion_forcing``: several chunks in flight at
+    staggered noise levels."""
+    ar_step: int = 1
+    """diffusion_forcing: sampler steps between the starts of consecutive chunks."""
+    addnoise_condition: float = 0.0
+    """Noise level (sigma, 0-1) of the context written to the cache (0: clean context)."""
+    transition_chunks: int = 2
+    """Chunks over which a prompt change is phased in."""
+    max_seconds: float = 3600.0
+    """Longest video a request may ask for (``--seconds``); generation itself has no limit."""
+
+    def __post_init__(self) -> None:
+        for name in ("height", "width", "fps", "num_inference_steps", "chunk_frames", "ar_step"):
+            _check_positive(f"generation.{name}", getattr(self, name))
+        for name in ("sink_frames", "window_frames", "transition_chunks"):
+            _check_positive(f"generation.{name}", getattr(self, name), allow_zero=True)
+        _check_positive("generation.guidance_scale", self.guidance_scale)
+        _check_positive("generation.shift", self.shift)
+        _check_positive("generation.max_seconds", self.max_seconds)
+        _check_choice("generation.sampler", self.sampler, get_args(SamplerName))
+        _check_choice("generation.rope_mode", self.rope_mode, get_args(RopeMode))
+        _check_choice("generation.mode", self.mode, get_args(GenerationMode))
+        if not 0.0 <= self.addnoise_condition < 1.0:
+            raise ConfigError(
+                f"generation.addnoise_condition is a noise level in [0, 1), got {self.addnoise_condition}"
+            )
+        for name in ("sink_frames", "window_frames"):
+            if getattr(self, name) % self.chunk_frames:
+                raise ConfigError(
+                    f"generation.{name}={getattr(self, name)} must be a multiple of chunk_frames={self.chunk_frames} "
+                    "(the context is chunk-aligned)"
+                )
+        if self.sink_frames + self.window_frames == 0:
+            raise ConfigError(
+                "generation: sink_frames + window_frames must be > 0 (the KV cache needs a slot)"
+            )
+        if self.ar_step > self.num_inference_steps:
+            raise ConfigError(
+                f"generation.ar_step={self.ar_step} exceeds num_inference_steps={self.num_inference_steps}"
+            )
+
+
+@dataclass
+class DriftConfig:
+    """Drift correction; each switch is reported in the chunk metrics and measured by ``vidgen eval``."""
+
+    recache_every: int = 0
+    """Rebuild the KV cache from the clean latents every N chunks (0: never)."""
+    recache_on_prompt_change: bool = True
+    """Rebuild the KV cache under the new prompt when the prompt changes (as LongLive does)."""
+    anchor_stats: bool = True
+    """Keep each chunk's per-channel latent mean/std near those of the opening chunks."""
+    anchor_chunks: int = 2
+    """Opening chunks (after the start or a prompt change) that define the anchor."""
+    anchor_strength: float = 0.5
+    """How far (0-1) a chunk's statistics are pulled back towards the anchor."""
+    anchor_tolerance: float = 0.1
+    """Deviation (in units of the anchor's std) tolerated before anything is pulled."""
+    monitor: bool = True
+    """Report drift measures per chunk (stat distance, change energy, freeze, repetition)."""
+    freeze_threshold: float = 0.002
+    """Mean absolute latent change per frame under which a chunk counts as frozen."""
+
+    def __post_init__(self) -> None:
+        _check_positive("drift.recache_every", self.recache_every, allow_zero=True)
+        _check_positive("drift.anchor_chunks", self.anchor_chunks)
+        if not 0.0 <= self.anchor_strength <= 1.0:
+            raise ConfigError(f"drift.anchor_strength must be in [0, 1], got {self.anchor_strength}")
+        _check_positive("drift.anchor_tolerance", self.anchor_tolerance, allow_zero=True)
+        _check_positive("drift.freeze_threshold", self.freeze_threshold, allow_zero=True)
+
+
+@dataclass
+class RuntimeConfig:
+    """Where and how the models run."""
+
+    device: Device = "auto"
+    dtype: Dtype = "float32"
+    """Transformer dtype (bfloat16 on GPUs; float32 on CPU)."""
+    attention_backend: str = ""
+    """Force an attention backend (sdpa, flex, flash, xformers); empty: automatic."""
+    compile: bool = False
+    """torch.compile the transformer's per-chunk step."""
+    cpu_offload: bool = False
+    """Keep only the running component on the accelerator (accelerate hooks)."""
+    threads: int = 0
+    """CPU threads for torch (0: torch's default)."""
+
+    def __post_init__(self) -> None:
+        _check_choice("runtime.device", self.device, get_args(Device))
+        _check_choice("runtime.dtype", self.dtype, get_args(Dtype))
+        _check_positive("runtime.threads", self.threads, allow_zero=True)
+        if self.attention_backend:
+            _check_choice(
+                "runtime.attention_backend", self.attention_backend, ("sdpa", "flex", "flash", "xformers")
+            )
+
+
+@dataclass
+class VidgenConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    drift: DriftConfig = field(default_factory=DriftConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    # -------------------------------------------------------------- conversions
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> VidgenConfig:
+        tables = {f.name: f.type for f in fields(cls)}
+        unknown = set(data) - set(tables)
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown table [{sorted(unknown)[0]}]; tables are {', '.join(tables)}"
+            )
+        kwargs = {}
+        hints = get_type_hints(cls)
+        for name, table in data.items():
+            if not isinstance(table, dict):
+                raise ConfigError(f"{source}: [{name}] must be a table")
+            kwargs[name] = _build(hints[name], table, f"{source}: {name}")
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def to_toml(self) -> str:
+        lines = []
+        for table, values in self.to_dict().items():
+            lines.append(f"[{table}]")
+            for key, value in values.items():
+                lines.append(f"{key} = {_toml_value(value)}")
+            lines.append("")
+        return "\n".join(lines)
+
+    def replace(self, **overrides: Any) -> VidgenConfig:
+        """A copy with ``"table.key": value`` overrides (validated like a file)."""
+        data = self.to_dict()
+        for dotted, value in overrides.items():
+            table, _, key = dotted.partition(".")
+            if table not in data or not key:
+                raise ConfigError(
+                    f"override {dotted!r} must be 'table.key' with table one of {', '.join(data)}"
+                )
+            data[table][key] = value
+        return VidgenConfig.from_dict(data, "overrides")
+
+
+def _build(cls: type, values: dict[str, Any], source: str):
+    names = {f.name for f in fields(cls)}
+    unknown = set(values) - names
+    if unknown:
+        key = sorted(unknown)[0]
+        raise ConfigError(f"{source}: unknown key {key!r}; known keys: {', '.join(sorted(names))}")
+    hints = get_type_hints(cls)
+    for key, value in values.items():
+        _check_type(f"{source}.{key}", value, hints[key])
+    try:
+        return cls(**values)
+    except ConfigError as err:
+        raise ConfigError(f"{source.split(':')[0]}: {err}") from None
+
+
+def _check_type(name: str, value: Any, hint: Any) -> None:
+    base = hint
+    if getattr(hint, "__origin__", None) is Literal:
+        base = type(get_args(hint)[0])
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return
+    if base in (int, float, str, bool) and (
+        not isinstance(value, base) or (base is int and isinstance(value, bool))
+    ):
+        raise ConfigError(f"{name} must be {base.__name__}, got {type(value).__name__} {value!r}")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)
+
+
+def preset_names() -> list[str]:
+    return sorted(
+        p.name.removesuffix(".toml")
+        for p in resources.files("vidgen.configs").iterdir()
+        if p.name.endswith(".toml")
+    )
+
+
+def load_config(name_or_path: str | Path | None = None, **overrides: Any) -> VidgenConfig:
+    """A preset by name (``default``, ``wan2.1-t2v-1.3b-causal``), or a TOML file, plus overrides."""
+    if name_or_path is None or name_or_path == "":
+        name_or_path = "default"
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        text, source = path.read_text(), str(path)
+    else:
+        preset = resources.files("vidgen.configs") / f"{name_or_path}.toml"
+        if not preset.is_file():
+            raise ConfigError(f"unknown preset {str(name_or_path)!r}; presets: {', '.join(preset_names())}")
+        text, source = preset.read_text(), f"preset {name_or_path}"
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{source}: not valid TOML: {err}") from None
+    config = VidgenConfig.from_dict(data, source)
+    return config.replace(**overrides) if overrides else config

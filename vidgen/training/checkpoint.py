@@ -1,0 +1,143 @@
+"""Resumable training state in safetensors + JSON (never pickle): model, EMA, optimizer, step.
+
+A run folder holds ``latest/`` (overwritten at every save, so it stays small enough to keep in the
+repository between training stretches) with ``model.safetensors``, ``ema.safetensors``,
+``optimizer.safetensors``, ``state.json`` (step, wall time, RNG seed position, optimizer hyper-
+parameters, the run's config) and the model's ``config.json``; plus ``log.jsonl``, one line per
+logging interval.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+
+class EMA:
+    """Exponential moving average of a model's parameters (kept on the same device, fp32)."""
+
+    def __init__(self, model: nn.Module, decay: float = 0.999) -> None:
+        self.decay = decay
+        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model: nn.Module, step: int) -> None:
+        # warm-up: average over the steps seen so far until the decay takes over
+        decay = min(self.decay, (1 + step) / (10 + step))
+        for ema_p, p in zip(self.model.parameters(), model.parameters()):
+            ema_p.lerp_(p.detach(), 1 - decay)
+        for ema_b, b in zip(self.model.buffers(), model.buffers()):
+            ema_b.copy_(b)
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    state = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, Any] = {}
+    for pid, entries in state["state"].items():
+        for name, value in entries.items():
+            if torch.is_tensor(value):
+                tensors[f"{pid}.{name}"] = value.contiguous()
+            else:
+                scalars[f"{pid}.{name}"] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def _restore_optimizer(
+    optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict
+) -> None:
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        pid, name = key.split(".", 1)
+        state.setdefault(int(pid), {})[name] = value
+    for key, value in meta["scalars"].items():
+        pid, name = key.split(".", 1)
+        state.setdefault(int(pid), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def save_training_state(
+    run_dir: str | os.PathLike,
+    *,
+    model: nn.Module,
+    ema: EMA | None,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    wall_seconds: float,
+    config: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``run_dir/latest`` atomically (a temporary folder renamed into place)."""
+    run_dir = Path(run_dir)
+    tmp = run_dir / "latest.tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+    if ema is not None:
+        save_file(
+            {k: v.contiguous() for k, v in ema.model.state_dict().items()}, str(tmp / "ema.safetensors")
+        )
+    opt_tensors, opt_meta = _optimizer_tensors(optimizer)
+    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+    if hasattr(model, "save_config"):
+        model.save_config(tmp)
+    state = {
+        "step": step,
+        "wall_seconds": wall_seconds,
+        "config": config,
+        "optimizer": opt_meta,
+        **(extra or {}),
+    }
+    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    final = run_dir / "latest"
+    old = run_dir / "latest.old"
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    if old.exists():
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    return final
+
+
+def load_training_state(
+    run_dir: str | os.PathLike, *, model: nn.Module, ema: EMA | None, optimizer: torch.optim.Optimizer | None
+) -> dict[str, Any] | None:
+    """Restore from ``run_dir/latest`` if it exists; returns its state.json, else None."""
+    latest = Path(run_dir) / "latest"
+    if not (latest / "state.json").is_file():
+        return None
+    state = json.loads((latest / "state.json").read_text())
+    model.load_state_dict(load_file(str(latest / "model.safetensors")))
+    if ema is not None and (latest / "ema.safetensors").is_file():
+        ema.model.load_state_dict(load_file(str(latest / "ema.safetensors")))
+    if optimizer is not None:
+        _restore_optimizer(optimizer, load_file(str(latest / "optimizer.safetensors")), state["optimizer"])
+    return state
+
+
+class RunLog:
+    """Appends JSON lines to ``run_dir/log.jsonl`` and prints a short line."""
+
+    def __init__(self, run_dir: str | os.PathLike, quiet: bool = False) -> None:
+        self.path = Path(run_dir) / "log.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.quiet = quiet
+
+    def write(self, **record: Any) -> None:
+        record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **record}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if not self.quiet:
+            shown = " ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()
+            )
+            print(shown, flush=True)

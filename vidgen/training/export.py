@@ -1,0 +1,53 @@
+"""Assemble a pipeline folder (the shipped default model) from trained parts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from vidgen.config import load_config
+from vidgen.models import CausalWanTransformer
+from vidgen.models.autoencoder import AutoencoderKLLite
+from vidgen.models.text_encoders import MiniLMTextEncoder
+from vidgen.pipelines.loading import save_components
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def export_pipeline(
+    transformer_run: str | Path, autoencoder: str | Path, out: str | Path, dtype: str = "float16"
+) -> Path:
+    """Write ``out`` with the transformer run's EMA weights (stored in ``dtype``; the pipeline loads
+    them in its runtime dtype), the finalized autoencoder and the default preset as ``vidgen.toml``.
+    A ``MODEL_CARD.md`` already in ``out`` is kept."""
+    latest = Path(transformer_run) / "latest"
+    state = json.loads((latest / "state.json").read_text())
+    transformer = CausalWanTransformer.from_config(CausalWanTransformer.load_config(latest))
+    transformer.load_state_dict(load_file(str(latest / "ema.safetensors")))
+    vae = AutoencoderKLLite.from_pretrained(str(autoencoder))
+    config = load_config("default")
+    train = state["config"]
+    config = config.replace(
+        **{
+            "generation.chunk_frames": train["chunk_frames"],
+            "generation.sink_frames": train["sink_frames"],
+            "generation.window_frames": train["window_frames"],
+            "model.text_max_length": train["text_max_length"],
+        }
+    )
+    out = Path(out)
+    for sub in ("transformer", "vae"):
+        shutil.rmtree(out / sub, ignore_errors=True)
+    text_encoder = MiniLMTextEncoder.__new__(MiniLMTextEncoder)  # nothing of it is saved
+    save_components(out, transformer.to(_DTYPES[dtype]), vae.to(_DTYPES[dtype]), text_encoder, config)
+    (out / "training_state.json").write_text(
+        json.dumps(
+            {"transformer_step": state["step"], "transformer_wall_hours": state["wall_seconds"] / 3600},
+            indent=1,
+        )
+    )
+    return out

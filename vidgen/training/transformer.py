@@ -1,0 +1,263 @@
+"""Training the default model's causal transformer on Shapes World with diffusion forcing.
+
+Each sample is laid out exactly as the pipeline's rolling KV cache presents context at generation
+time: ``sink_frames`` latent frames from the start of a clip, then, after a random gap, the
+``window_frames`` that precede a chunk and the chunk itself, at rope positions 0, 1, 2, ... Every
+chunk has its own noise level (diffusion forcing) under a block-causal mask, so one forward
+teaches the model to make a first chunk from text alone and later chunks from noisy or clean
+context. Half the samples give the context a small noise level only, as the pipeline's
+``addnoise_condition`` does.
+
+Prompt changes (storyboards): the text is the pair ``[prompt ‖ previous prompt]``. While a change
+is fresh (the pipeline's transition), the pair holds the new and the old prompt and the model must
+apply what changed -- a new direction too, from wherever the object is. Otherwise it holds the
+same prompt twice, and the motion comes from the context: a named direction is the direction at
+the start, and after a bounce the object rightly moves against it. Frames that show the old prompt
+are context only (no loss).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vidgen.attention import AttentionPattern
+from vidgen.models import CausalWanTransformer
+from vidgen.models.autoencoder import AutoencoderKLLite
+from vidgen.models.text_encoders import MiniLMTextEncoder
+from vidgen.pipelines.scheduler import shift_sigma, timestep_of
+from vidgen.shapes import captions, world
+from vidgen.training.checkpoint import EMA, RunLog, load_training_state, save_training_state
+from vidgen.training.configs import TransformerTrainConfig
+from vidgen.training.data import clip_to_tensor
+
+# ----------------------------------------------------------------------------- samples
+
+
+@dataclass
+class Sample:
+    frames: np.ndarray  # (1 + 4 * (L - 1), S, S, 3): frame 0, then the frames of latent frames g..
+    text: str
+    previous_text: str
+    loss_chunks: list[bool]
+
+
+def _video_frames_of_latent(index: int) -> tuple[int, int]:
+    """Video frame range of latent frame ``index`` (latent 0 holds frame 0 alone)."""
+    return (0, 1) if index == 0 else (1 + 4 * (index - 1), 1 + 4 * index)
+
+
+def _changed_scene(rng: np.random.Generator, scene: world.Scene, attributes: tuple[str, ...]) -> world.Scene:
+    count = 1 + int(rng.random() < 0.25)
+    picked = rng.choice(len(attributes), size=min(count, len(attributes)), replace=False)
+    changes = {}
+    for i in picked:
+        attribute = attributes[int(i)]
+        options = [v for v in world.choices(attribute) if v != getattr(scene, attribute)]
+        changes[attribute] = str(rng.choice(options))
+    return scene.replace(**changes)
+
+
+def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sample:
+    c, s, w = config.chunk_frames, config.sink_frames, config.window_frames
+    gap = 0 if rng.random() < 0.3 else int(rng.integers(1, config.max_gap + 1))
+    first_window = s + gap  # latent index of the first window frame in the source clip
+    latent_indices = list(range(s)) + list(range(first_window, first_window + w + c))
+    num_chunks = len(latent_indices) // c
+    total_frames = _video_frames_of_latent(latent_indices[-1])[1]
+
+    scene = world.sample_scene(rng)
+    kind = rng.choice(
+        ["plain", "transition", "late", "gap"],
+        p=_kind_probabilities(config, gap),
+    )
+    change_latent = None  # latent index (in the source clip) where the new prompt starts
+    if kind == "transition":
+        # the change falls on one of the last two chunk starts (its first second)
+        change_latent = first_window + w + c - c * int(rng.integers(1, 3))
+        new = _changed_scene(rng, scene, world.ATTRIBUTES)
+    elif kind == "late":
+        change_latent = first_window + w + c - c * int(rng.integers(1, 3))
+        new = _changed_scene(rng, scene, ("color", "shape", "size", "background"))
+    elif kind == "gap":
+        change_latent = int(rng.integers(s, first_window + 1))
+        new = _changed_scene(rng, scene, world.ATTRIBUTES)
+    else:
+        new = scene
+
+    if change_latent is None:
+        clip = world.render_clip(scene, total_frames, size=config.size, rng=rng)
+    else:
+        change_frame = _video_frames_of_latent(change_latent)[0]
+        clip = world.render_clip(
+            [(0.0, scene), (change_frame / world.FPS, new)], total_frames, size=config.size, rng=rng
+        )
+    picked = [0] + [f for i in latent_indices[1:] for f in range(*_video_frames_of_latent(i))]
+    frames = clip.frames[picked]
+
+    text = captions.caption(new, rng, paraphrase=True)
+    previous = captions.caption(scene, rng, paraphrase=True) if kind == "transition" else text
+    if rng.random() < config.caption_dropout:
+        text = previous = ""
+    if change_latent is None:
+        loss_chunks = [True] * num_chunks
+    else:
+        loss_chunks = [latent_indices[k * c] >= change_latent for k in range(num_chunks)]
+    return Sample(frames=frames, text=text, previous_text=previous, loss_chunks=loss_chunks)
+
+
+def _kind_probabilities(config: TransformerTrainConfig, gap: int) -> list[float]:
+    gap_p = config.gap_change_prob if gap > 0 else 0.0
+    changes = [config.transition_prob, config.late_appearance_prob, gap_p]
+    return [1.0 - sum(changes)] + changes
+
+
+# ----------------------------------------------------------------------------- model pieces
+
+
+def load_autoencoder(path: str | Path) -> AutoencoderKLLite:
+    vae = AutoencoderKLLite.from_pretrained(str(path)).eval().requires_grad_(False)
+    if vae.config.latents_mean is None or vae.config.latents_std is None:
+        raise ValueError(f"{path}: the autoencoder has no latents_mean/latents_std; run finalize first")
+    return vae
+
+
+def latent_stats(vae) -> tuple[torch.Tensor, torch.Tensor]:
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    return mean, std
+
+
+def text_pair(encoder: MiniLMTextEncoder, texts: list[str], previous: list[str]) -> torch.Tensor:
+    """Cross-attention input ``[prompt ‖ previous prompt]``: (B, 2 * max_length, 384)."""
+    return torch.cat([encoder(texts), encoder(previous)], dim=1)
+
+
+def _lr(config: TransformerTrainConfig, step: int) -> float:
+    if step < config.warmup:
+        return config.lr * (step + 1) / config.warmup
+    progress = min(1.0, (step - config.warmup) / max(1, config.steps - config.warmup))
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def diffusion_forcing_loss(
+    model: CausalWanTransformer,
+    latents: torch.Tensor,
+    text: torch.Tensor,
+    loss_chunks: torch.Tensor,
+    config: TransformerTrainConfig,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """Flow-matching loss with an independent noise level per chunk, block-causal attention."""
+    batch, _, frames, height, width = latents.shape
+    c = config.chunk_frames
+    num_chunks = frames // c
+    u = torch.rand(batch, num_chunks, generator=generator)
+    sigma = shift_sigma(u, config.sigma_shift)
+    clean_context = torch.rand(batch, generator=generator) < config.clean_context_prob
+    small = torch.rand(batch, num_chunks, generator=generator) * config.context_sigma_max
+    context_mask = torch.zeros(batch, num_chunks, dtype=torch.bool)
+    context_mask[clean_context, :-1] = True
+    context_mask |= ~loss_chunks  # frames of the old prompt are context
+    sigma = torch.where(context_mask, small, sigma)
+    sigma_frames = sigma.repeat_interleave(c, dim=1)  # (B, F)
+
+    noise = torch.randn(latents.shape, generator=generator)
+    s = sigma_frames[:, None, :, None, None]
+    noisy = (1 - s) * latents + s * noise
+    pattern = AttentionPattern.block_causal(model.frame_tokens(height, width), c)
+    pred = model(noisy, timestep_of(sigma_frames), text, attention_pattern=pattern, return_dict=False)[0]
+    err = (pred - (noise - latents)).square().mean(dim=(1, 3, 4))  # (B, F)
+    weight = loss_chunks.repeat_interleave(c, dim=1).float()
+    return (err * weight).sum() / weight.sum().clamp(min=1)
+
+
+# ----------------------------------------------------------------------------- loop
+
+
+def train_transformer(config: TransformerTrainConfig) -> Path:
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    run_dir = Path(config.run_dir)
+    torch.manual_seed(config.seed)
+    vae = load_autoencoder(config.autoencoder)
+    mean, std = latent_stats(vae)
+    text_encoder = MiniLMTextEncoder.load(max_length=config.text_max_length)
+    text_encoder._cache_size = 4096
+
+    model = CausalWanTransformer(**config.model)
+    ema = EMA(model, config.ema_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99)
+    )
+    state = load_training_state(run_dir, model=model, ema=ema, optimizer=optimizer)
+    step = state["step"] if state else 0
+    wall = state["wall_seconds"] if state else 0.0
+    log = RunLog(run_dir)
+    log.write(
+        event="start", step=step, resumed=state is not None, params=sum(p.numel() for p in model.parameters())
+    )
+
+    started = time.time()
+    last_save = step
+    running = []
+    while step < config.steps:
+        rng = np.random.default_rng([config.seed, step])
+        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+        samples = [make_sample(rng, config) for _ in range(config.batch_size)]
+        with torch.no_grad():
+            video = torch.stack([clip_to_tensor(s.frames) for s in samples])
+            latents = (vae.encode(video).latent_dist.mode() - mean) / std
+            text = text_pair(text_encoder, [s.text for s in samples], [s.previous_text for s in samples])
+        loss_chunks = torch.tensor([s.loss_chunks for s in samples])
+        model.train()
+        for group in optimizer.param_groups:
+            group["lr"] = _lr(config, step)
+        loss = diffusion_forcing_loss(model, latents, text, loss_chunks, config, generator)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        ema.update(model, step)
+        step += 1
+        running.append(loss.item())
+        elapsed = time.time() - started
+        if step % config.log_every == 0:
+            log.write(
+                step=step,
+                loss=sum(running) / len(running),
+                grad=float(grad_norm),
+                lr=_lr(config, step),
+                wall_min=(wall + elapsed) / 60,
+            )
+            running = []
+        out_of_time = config.minutes > 0 and elapsed > config.minutes * 60
+        if step % config.save_every == 0 or step == config.steps or out_of_time:
+            save_training_state(
+                run_dir,
+                model=model,
+                ema=ema,
+                optimizer=optimizer,
+                step=step,
+                wall_seconds=wall + elapsed,
+                config=asdict(config),
+            )
+            last_save = step
+        if out_of_time:
+            break
+    if last_save != step:
+        save_training_state(
+            run_dir,
+            model=model,
+            ema=ema,
+            optimizer=optimizer,
+            step=step,
+            wall_seconds=wall + time.time() - started,
+            config=asdict(config),
+        )
+    return run_dir / "latest"
