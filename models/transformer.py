@@ -10,7 +10,9 @@ called the same way (full attention) it returns the same tensor. On top of that 
   ``frame_offset``; its queries attend to the cached frames and to itself, and with
   ``update_cache=True`` its keys/values are written into the cache for the chunks that follow;
 * ``text_context`` (from :meth:`CausalWanTransformer.encode_text`) carries the cross-attention keys
-  and values of a prompt, computed once and reused for every step and chunk.
+  and values of a prompt, computed once and reused for every step and chunk;
+* ``sequence_parallel`` runs the blocks on this process's shard of the tokens (see
+  :class:`SequenceParallel`; the implementation is ``vidgen.distributed``).
 
 Token layout: patches are flattened frame-major, (B, F * H' * W', D); a latent frame has
 ``H' * W'`` tokens (``H' = H / patch_h``). Nothing here hard-codes a geometry: it comes from the
@@ -23,7 +25,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -171,15 +173,72 @@ class TextContext:
 
 
 @dataclass
-class _SelfAttentionContext:
-    """What every block's self-attention needs for one forward call."""
+class SelfAttentionContext:
+    """What every block's self-attention needs for one forward call.
+
+    Rotations and the pattern always describe the whole call (every token of the chunk, frame-major),
+    also when the blocks run on a shard of it: a :class:`SequenceParallel` takes the part it needs.
+    """
 
     rope: tuple[torch.Tensor, torch.Tensor]  # query/new-key rotation (1, S, 1, D/2)
     pattern: AttentionPattern | None
     kv_cache: KVCache | None = None
     cache_rope: tuple[torch.Tensor, torch.Tensor] | None = None  # rotation of cached keys
     write_frame: int | None = None  # first latent frame to write into the cache, None: read only
-    frame_tokens: int = 0  # tokens per latent frame (per-frame modulation)
+    frame_tokens: int = 0  # tokens per latent frame in the blocks' input (per-frame modulation)
+    parallel: SequenceParallel | None = None  # None: the blocks see every token
+
+
+class SequenceParallel(Protocol):
+    """Hooks that run the blocks on one process's shard of the tokens (sequence parallelism).
+
+    The model calls them at three places: after patch embedding (:meth:`shard`), for every
+    self-attention (:meth:`attention`) and before unpatchifying (:meth:`gather`). Everything else
+    -- projections, cross-attention, feed-forward, (per-frame) modulation -- is per token and runs on
+    the shard unchanged. ``vidgen.distributed.SequenceParallelGroup`` implements it; the model does
+    not import that package.
+    """
+
+    def cache_frame_tokens(self, frame_tokens: int) -> int:
+        """Tokens per latent frame that this process's KV cache holds."""
+
+    def shard(self, tokens: torch.Tensor, frame_tokens: int) -> torch.Tensor:
+        """This process's part of frame-major ``tokens`` (B, F * frame_tokens, ...): still frame-major,
+        the same number of tokens of every frame."""
+
+    def attention(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        ctx: SelfAttentionContext,
+        layer: int,
+    ) -> torch.Tensor:
+        """Self-attention of this shard's un-rotated (B, S_shard, H, D) tensors, as :func:`attend`
+        computes it for the whole sequence; returns (B, S_shard, H, D)."""
+
+    def gather(self, tokens: torch.Tensor, frame_tokens: int) -> torch.Tensor:
+        """The inverse of :meth:`shard`: every process gets all the tokens, frame-major."""
+
+
+def attend(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ctx: SelfAttentionContext, layer: int
+) -> torch.Tensor:
+    """Self-attention of un-rotated (B, S, H, D) queries/keys/values over the cached frames and
+    themselves; writes the keys/values into the cache when ``ctx.write_frame`` is set."""
+    query = apply_rope(query, *ctx.rope)
+    new_key = apply_rope(key, *ctx.rope)
+    if ctx.kv_cache is None:
+        return dispatch_attention(query, new_key, value, pattern=ctx.pattern)
+    cached_key, cached_value = ctx.kv_cache.view(layer)  # views into the buffers
+    all_key, all_value = new_key, value
+    if cached_key.shape[1]:
+        all_key = torch.cat([apply_rope(cached_key.to(key.dtype), *ctx.cache_rope), new_key], dim=1)
+        all_value = torch.cat([cached_value.to(value.dtype), value], dim=1)
+    out = dispatch_attention(query, all_key, all_value, pattern=ctx.pattern)
+    if ctx.write_frame is not None:  # only now: the write may overwrite slots read above
+        ctx.kv_cache.write(layer, key, value, ctx.write_frame)
+    return out
 
 
 def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, frame_tokens: int) -> torch.Tensor:
@@ -207,23 +266,12 @@ class CausalWanBlock(nn.Module):
         self.norm3 = FP32LayerNorm(dim, eps, elementwise_affine=False)
         self.scale_shift_table = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
-    def self_attention(self, x: torch.Tensor, ctx: _SelfAttentionContext, layer: int) -> torch.Tensor:
+    def self_attention(self, x: torch.Tensor, ctx: SelfAttentionContext, layer: int) -> torch.Tensor:
         attn = self.attn1
-        query = apply_rope(attn.project_q(x), *ctx.rope)
+        query = attn.project_q(x)
         key, value = attn.project_kv(x)  # un-rotated: the cache stores them like this
-        new_key = apply_rope(key, *ctx.rope)
-        if ctx.kv_cache is None:
-            out = dispatch_attention(query, new_key, value, pattern=ctx.pattern)
-            return attn.output(out, x)
-        cached_key, cached_value = ctx.kv_cache.view(layer)  # views into the buffers
-        all_key, all_value = new_key, value
-        if cached_key.shape[1]:
-            all_key = torch.cat([apply_rope(cached_key.to(key.dtype), *ctx.cache_rope), new_key], dim=1)
-            all_value = torch.cat([cached_value.to(value.dtype), value], dim=1)
-        out = dispatch_attention(query, all_key, all_value, pattern=ctx.pattern)
-        if ctx.write_frame is not None:  # only now: the write may overwrite slots read above
-            ctx.kv_cache.write(layer, key, value, ctx.write_frame)
-        return attn.output(out, x)
+        attention = attend if ctx.parallel is None else ctx.parallel.attention
+        return attn.output(attention(query, key, value, ctx, layer), x)
 
     def cross_attention(self, x: torch.Tensor, text: TextContext, layer: int) -> torch.Tensor:
         query = self.attn2.project_q(x)
@@ -235,7 +283,7 @@ class CausalWanBlock(nn.Module):
         x: torch.Tensor,
         modulation: torch.Tensor,
         text: TextContext,
-        ctx: _SelfAttentionContext,
+        ctx: SelfAttentionContext,
         layer: int,
     ) -> torch.Tensor:
         # modulation: (B, 6, D) per sample or (B, F, 6, D) per latent frame
@@ -405,6 +453,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin):
         frame_offset: int = 0,
         update_cache: bool = False,
         rope_mode: RopePositionMode | str = RopePositionMode.ABSOLUTE,
+        sequence_parallel: SequenceParallel | None = None,
         return_dict: bool = True,
     ) -> Transformer2DModelOutput | tuple[torch.Tensor]:
         """Predict the flow (velocity) for ``hidden_states`` (B, C, F, H, W).
@@ -417,6 +466,9 @@ class CausalWanTransformer(ModelMixin, ConfigMixin):
             kv_cache: cache of earlier frames; ``hidden_states`` then starts at latent frame
                 ``frame_offset``. With ``update_cache`` its keys/values are written into the cache.
             rope_mode: temporal positions scheme, see :mod:`vidgen.models.rope`.
+            sequence_parallel: run the blocks on this process's shard of the tokens; every process of
+                the group makes the same call and gets the whole output. ``kv_cache`` is then this
+                process's shard of the cache (made by the sequence-parallel group).
         """
         batch, _, num_frames, height, width = hidden_states.shape
         p_t, p_h, p_w = self.config.patch_size
@@ -426,9 +478,12 @@ class CausalWanTransformer(ModelMixin, ConfigMixin):
             if encoder_hidden_states is None:
                 raise ValueError("pass encoder_hidden_states or text_context")
             text_context = self.encode_text(encoder_hidden_states)
-        if kv_cache is not None and kv_cache.frame_tokens != frame_tokens:
+        cache_tokens = frame_tokens
+        if sequence_parallel is not None:  # this process's shard of the cache: fewer tokens or fewer heads
+            cache_tokens = sequence_parallel.cache_frame_tokens(frame_tokens)
+        if kv_cache is not None and kv_cache.frame_tokens != cache_tokens:
             raise ValueError(
-                f"the KV cache holds {kv_cache.frame_tokens} tokens per frame but the input has {frame_tokens}"
+                f"the KV cache holds {kv_cache.frame_tokens} tokens per frame but the input needs {cache_tokens}"
             )
 
         # 1. positions: absolute latent frame indices, mapped by the rope position scheme
@@ -443,7 +498,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin):
                 f"{self.config.rope_max_seq_len}; use rope_mode='rolling' with a sliding-window cache for long videos"
             )
         query_frames = torch.arange(frame_offset, frame_offset + frames, device=device)
-        ctx = _SelfAttentionContext(
+        ctx = SelfAttentionContext(
             rope=self.rope(frame_positions(query_frames, shift, sinks), grid_h, grid_w),
             pattern=attention_pattern,
             kv_cache=kv_cache,
@@ -457,6 +512,10 @@ class CausalWanTransformer(ModelMixin, ConfigMixin):
 
         # 2. patchify: (B, C, F, H, W) -> (B, F * H' * W', D)
         x = self.patch_embedding(hidden_states).flatten(2).transpose(1, 2).contiguous()
+        if sequence_parallel is not None:  # from here on, this process's tokens of every frame
+            x = sequence_parallel.shard(x, frame_tokens)  # (B, F * frame_tokens / P, D)
+            ctx.parallel = sequence_parallel
+            ctx.frame_tokens = x.shape[1] // frames
 
         # 3. time embedding, per sample (B, ...) or per latent frame (B, F, ...)
         if timestep.ndim == 2 and timestep.shape[1] != frames:
@@ -478,8 +537,10 @@ class CausalWanTransformer(ModelMixin, ConfigMixin):
         # 5. output norm, projection, unpatchify
         table = self.scale_shift_table if temb.ndim == 2 else self.scale_shift_table[:, None]
         shift, scale = (table + temb.unsqueeze(-2)).unbind(-2)
-        x = _modulate(self.norm_out(x.float()), shift, scale, frame_tokens).type_as(x)
+        x = _modulate(self.norm_out(x.float()), shift, scale, ctx.frame_tokens).type_as(x)
         x = self.proj_out(x)
+        if sequence_parallel is not None:
+            x = sequence_parallel.gather(x, frame_tokens)  # (B, F * H' * W', C * p_t * p_h * p_w)
         x = x.reshape(batch, frames, grid_h, grid_w, p_t, p_h, p_w, -1)
         out = x.permute(0, 7, 1, 4, 2, 5, 3, 6).flatten(6, 7).flatten(4, 5).flatten(2, 3)
         if not return_dict:

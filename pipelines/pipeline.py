@@ -361,6 +361,7 @@ class LongVideoPipeline:
         callback_on_step_end: Callable | None = None,
         return_latents: bool = False,
         overrides: dict[str, Any] | None = None,
+        decode: bool = True,
     ) -> Iterator[VideoChunk]:
         """Yield :class:`VideoChunk` s as they are decoded.
 
@@ -369,7 +370,9 @@ class LongVideoPipeline:
         ``state_path``: after every chunk the generation state is saved there; with ``resume=True`` a
         saved state is loaded first and generation continues after its last complete chunk.
         ``overrides``: ``"table.key": value`` config changes for this video only (window, sinks,
-        drift options, attention backend, ...).
+        drift options, attention backend, ...). ``decode=False``: chunks carry their latents and no
+        frames, for a decoder elsewhere (:func:`decode_to_frames`, fed the chunks in order); the
+        saved state then holds no decoder state.
         """
         config = self.config.replace(**overrides) if overrides else self.config
         g = config.generation
@@ -381,7 +384,7 @@ class LongVideoPipeline:
         guidance = g.guidance_scale if guidance_scale is None else guidance_scale
         negative = g.negative_prompt if negative_prompt is None else negative_prompt
         seed = _seed_of(generator)
-        run = _Run(self, config, latent_h, latent_w, guidance, seed, steps)
+        run = _Run(self, config, latent_h, latent_w, guidance, seed, steps, decode=decode)
 
         with attention_backend(config.runtime.attention_backend or None):
             # 2. continuation: encode and prefill a clip or an image
@@ -411,8 +414,6 @@ class LongVideoPipeline:
                 elapsed = time.perf_counter() - started
                 out.metrics.video_seconds = len(frames) / g.fps
                 out.metrics.real_time_factor = made_seconds / max(elapsed, 1e-9)
-                if state_path is not None:
-                    run.save(state_path, chunk.index)
                 yield VideoChunk(
                     index=chunk.index,
                     frame_start=chunk.frame_start,
@@ -420,8 +421,12 @@ class LongVideoPipeline:
                     frames=frames,
                     prompt=chunk.prompt,
                     metrics=out.metrics,
-                    latents=out.latents if return_latents else None,
+                    latents=out.latents if return_latents or not decode else None,
                 )
+                if state_path is not None:
+                    # saved once the consumer has taken the chunk: a consumer that records chunks
+                    # and is killed never finds a state ahead of its recording
+                    run.save(state_path, chunk.index)
                 new_prompt = control.take_prompt() if control is not None else None
                 if new_prompt and new_prompt.strip():
                     # applies from the next chunk: the planner reads the storyboard as it goes
@@ -497,6 +502,13 @@ def _seed_of(generator: torch.Generator | int | None) -> int:
     return int(generator.initial_seed())
 
 
+def decode_to_frames(decoder, latents: torch.Tensor, latent_start: int) -> np.ndarray:
+    """A chunk's (T, H, W, 3) uint8 frames from its latents, through a stateful streaming decoder
+    (``vae_stream.streaming_decoder``) that has decoded the chunks before it."""
+    video = decoder.decode(latents, latent_start)  # (1, 3, T, H, W) in [-1, 1]
+    return ((video[0].permute(1, 2, 3, 0) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
+
+
 @dataclass
 class _ChunkResult:
     frames: np.ndarray
@@ -516,6 +528,7 @@ class _Run:
         guidance: float,
         seed: int,
         steps: int,
+        decode: bool = True,
     ) -> None:
         g, d = config.generation, config.drift
         self.pipe = pipe
@@ -539,8 +552,9 @@ class _Run:
             chunk_frames=g.chunk_frames,
         )
         self.history: dict[int, torch.Tensor] = {}  # latent frame -> (1, C, 1, h, w), the cached frames
-        self.decoder = streaming_decoder(pipe.vae)
-        self.decoder.reset()
+        self.decoder = streaming_decoder(pipe.vae) if decode else None  # None: decoded elsewhere
+        if self.decoder is not None:
+            self.decoder.reset()
         self.anchor = (
             StatsAnchor(d.anchor_chunks, d.anchor_strength, d.anchor_tolerance) if d.anchor_stats else None
         )
@@ -587,7 +601,8 @@ class _Run:
         for start in range(0, prefix.shape[2], chunk):
             self.write(prefix[:, :, start : start + chunk], start, conditioning, purpose=3)
         # warm the streaming decoder so the continuation decodes seamlessly
-        self.decoder.decode(prefix, 0)
+        if self.decoder is not None:
+            self.decoder.decode(prefix, 0)
 
     # -------------------------------------------------------------- one chunk
     @torch.no_grad()
@@ -612,10 +627,11 @@ class _Run:
         measures = self.monitor.measure(latents, self.anchor, corrected) if self.monitor is not None else None
 
         t2 = time.perf_counter()
-        video = self.decoder.decode(latents, chunk.latent_start)  # (1, 3, T, H, W) in [-1, 1]
-        frames = (
-            ((video[0].permute(1, 2, 3, 0) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
-        )
+        if self.decoder is not None:
+            frames = decode_to_frames(self.decoder, latents, chunk.latent_start)
+        else:
+            s = spatial_factor(pipe.vae)
+            frames = np.zeros((0, self.latent_hw[0] * s, self.latent_hw[1] * s, 3), dtype=np.uint8)
         t3 = time.perf_counter()
         metrics = ChunkMetrics(
             denoise_seconds=t1 - t0,
@@ -702,7 +718,7 @@ class _Run:
         extra = {"chunk_index": torch.tensor([chunk_index]), "seed": torch.tensor([self.seed])}
         for frame, latents in self.history.items():
             extra[f"history.{frame}"] = latents.cpu()
-        for key, value in self.decoder.state().items():
+        for key, value in (self.decoder.state() if self.decoder is not None else {}).items():
             extra[f"decoder.{key}"] = value.cpu()
         if self.anchor is not None:
             extra.update({f"anchor.{k}": v.cpu() for k, v in self.anchor.state().items()})
@@ -723,9 +739,10 @@ class _Run:
         self.history = {
             int(k.split(".")[1]): v.to(device) for k, v in extra.items() if k.startswith("history.")
         }
-        self.decoder.load_state(
-            {k[len("decoder.") :]: v.to(device) for k, v in extra.items() if k.startswith("decoder.")}
-        )
+        if self.decoder is not None:
+            self.decoder.load_state(
+                {k[len("decoder.") :]: v.to(device) for k, v in extra.items() if k.startswith("decoder.")}
+            )
         if self.anchor is not None:
             self.anchor.load_state(
                 {k[len("anchor.") :]: v.to(device) for k, v in extra.items() if k.startswith("anchor.")}

@@ -54,9 +54,27 @@ def _add_attention_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
 
 
+def _add_distributed_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sp", type=int, default=2, help="sequence-parallel degree compared with 1 (default: 2)"
+    )
+    parser.add_argument("--seconds", type=float, default=3.0, help="video length per run (default: 3)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument(
+        "--model", default=None, help="pipeline folder (default: the embedded model, else a small random one)"
+    )
+    parser.add_argument(
+        "--address", default=None, help="Ray cluster to join (default: RAY_ADDRESS, else local)"
+    )
+    parser.add_argument(
+        "--projection-only", action="store_true", help="only the Wan-1.3B projection (no Ray, no model)"
+    )
+
+
 _TARGETS = {
     # target -> (module with main(args), function adding its options)
     "attention": ("vidgen.attention.benchmark", _add_attention_options),
+    "distributed": ("vidgen.distributed.benchmark", _add_distributed_options),
 }
 
 

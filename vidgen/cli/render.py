@@ -24,6 +24,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--prompt", help="what the video shows")
     what.add_argument("--storyboard", help="TOML or JSON file of timed prompts (see the README)")
+    what.add_argument(
+        "--jobs", metavar="FILE.jsonl", help="a batch: one JSON video per line (needs --parallel ray)"
+    )
     p.add_argument("--seconds", type=float, default=10.0, help="video length in seconds (default 10)")
     p.add_argument("--fps", type=int, help="frames per second (default: the model's)")
     p.add_argument("--height", type=int, help="frame height in pixels")
@@ -37,11 +40,15 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument(
         "--set", action="append", default=[], metavar="TABLE.KEY=VALUE", help="override a config value"
     )
-    p.add_argument("--out", required=True, help="output MP4 path")
+    p.add_argument("--out", help="output MP4 path (required unless --jobs)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted render of the same --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--parallel", choices=["none", "ray"], default="none", help="run on Ray (see the README)")
     p.add_argument("--sp", type=int, default=1, help="sequence-parallel degree with --parallel ray")
+    p.add_argument(
+        "--replicas", type=int, default=1, help="pipeline replicas rendering --jobs in parallel (Ray)"
+    )
+    p.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)")
     p.set_defaults(run=run)
 
 
@@ -129,6 +136,12 @@ def run(args: argparse.Namespace) -> int:
     from vidgen.pipelines import InputError
     from vidgen.video import SegmentedRecording
 
+    if args.jobs:
+        from vidgen.distributed.batch import render_jobs
+
+        return render_jobs(args)
+    if not args.out:
+        raise UsageError("--out is required (the output MP4 path)")
     out = Path(args.out)
     if out.suffix.lower() != ".mp4":
         raise UsageError(f"--out must end in .mp4, got {args.out}")
@@ -136,26 +149,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--seconds must be positive, got {args.seconds}")
     parts = out.with_name(out.name + ".parts")
     request = _request(args)
-
     if parts.exists() and not args.resume:
-        raise UsageError(
-            f"an interrupted render exists at {parts}: pass --resume to continue it, or delete it"
-        )
-    if args.resume and (parts / "request.json").is_file():
+        raise UsageError(f"an interrupted render exists at {parts}: pass --resume to continue it, or delete it")
+    resuming = args.resume and (parts / "request.json").is_file()
+    if resuming:
         saved = json.loads((parts / "request.json").read_text())
         seed = saved.pop("seed")
         saved["storyboard"] = [tuple(e) for e in saved["storyboard"]] if saved["storyboard"] else None
         if saved != request:
-            raise UsageError(
-                f"--resume: the arguments differ from the interrupted render's ({parts / 'request.json'})"
-            )
+            raise UsageError(f"--resume: the arguments differ from the interrupted render's ({parts / 'request.json'})")
     else:
         seed = args.seed if args.seed is not None else int(time.time() * 1000) % (2**31 - 1)
-        try:
-            parts.mkdir(parents=True, exist_ok=True)
-            (parts / "request.json").write_text(json.dumps({**request, "seed": seed}))
-        except OSError as err:
-            raise UsageError(f"cannot write next to {out}: {err.strerror}") from None
 
     if args.parallel == "ray":
         from vidgen.distributed.render import render_with_ray
@@ -163,6 +167,18 @@ def run(args: argparse.Namespace) -> int:
         return render_with_ray(args, request, seed, parts, out)
 
     pipe = load_pipeline(args)
+    try:  # check the request before anything is written
+        pipe.plan(
+            args.prompt, storyboard=request["storyboard"], seconds=args.seconds, height=args.height, width=args.width
+        )
+    except (InputError, ConfigError) as err:
+        raise UsageError(str(err)) from None
+    if not resuming:
+        try:
+            parts.mkdir(parents=True, exist_ok=True)
+            (parts / "request.json").write_text(json.dumps({**request, "seed": seed}))
+        except OSError as err:
+            raise UsageError(f"cannot write next to {out}: {err.strerror}") from None
     recording = SegmentedRecording(parts, fps=pipe.config.generation.fps)
     done = len(recording.completed_chunks())
     fps = pipe.config.generation.fps
@@ -183,11 +199,9 @@ def run(args: argparse.Namespace) -> int:
             state_path=parts / "state.safetensors",
             resume=done > 0,
         ):
-            recording.append(chunk.index, chunk.frames)
-            progress.update(len(chunk.frames), chunk.metrics.real_time_factor)
-    except (InputError, ConfigError) as err:
-        shutil.rmtree(parts, ignore_errors=True)
-        raise UsageError(str(err)) from None
+            if chunk.index >= done:  # a chunk recorded just before an interruption comes again
+                recording.append(chunk.index, chunk.frames)
+                progress.update(len(chunk.frames), chunk.metrics.real_time_factor)
     finally:
         progress.close()
     recording.finalize(out)

@@ -34,8 +34,12 @@ def reconstruction_loss(
     model: AutoencoderKLLite, batch, config: AutoencoderTrainConfig
 ) -> tuple[torch.Tensor, dict[str, float]]:
     video, masks = batch.video, batch.masks
-    posterior = model.encode(video).latent_dist
-    z = posterior.sample()
+    if config.freeze_encoder:
+        with torch.no_grad():
+            posterior = model.encode(video).latent_dist
+    else:
+        posterior = model.encode(video).latent_dist
+    z = posterior.mode() if config.freeze_encoder else posterior.sample()
     if config.latent_noise > 0:
         half = z.shape[0] // 2
         scale = z[:half].detach().std() * config.latent_noise
@@ -47,9 +51,13 @@ def reconstruction_loss(
     err = recon - video
     l1 = (weight * err.abs()).mean()
     l2 = (weight * err.square()).mean()
+    # motion inside a 4-frame group moves edges by sub-pixel amounts that barely register in the
+    # pixel loss; matching frame-to-frame differences makes the decoder reproduce them
+    moved = torch.maximum(weight[:, :, 1:], weight[:, :, :-1])
+    temporal = (moved * (recon.diff(dim=2) - video.diff(dim=2)).abs()).mean()
     kl = posterior.kl().mean() / z[0].numel()
-    loss = l1 + l2 + config.kl_weight * kl
-    return loss, {"l1": l1.item(), "l2": l2.item(), "kl": kl.item()}
+    loss = l1 + l2 + config.temporal_weight * temporal + config.kl_weight * kl
+    return loss, {"l1": l1.item(), "l2": l2.item(), "temporal": temporal.item(), "kl": kl.item()}
 
 
 @torch.no_grad()
@@ -85,9 +93,16 @@ def train_autoencoder(config: AutoencoderTrainConfig) -> Path:
         torch.set_num_threads(config.threads)
     run_dir = Path(config.run_dir)
     torch.manual_seed(config.seed)
-    model = AutoencoderKLLite(z_dim=config.z_dim, hidden_channels=config.hidden_channels)
+    if config.init_from:
+        # decoder fine-tuning: the encoder (and so the latent space a transformer learned) stays fixed
+        model = AutoencoderKLLite.from_pretrained(config.init_from)
+    else:
+        model = AutoencoderKLLite(z_dim=config.z_dim, hidden_channels=config.hidden_channels)
+    if config.freeze_encoder:
+        model.encoder.requires_grad_(False)
     ema = EMA(model, config.ema_decay)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
     state = load_training_state(run_dir, model=model, ema=ema, optimizer=optimizer)
     step = state["step"] if state else 0
     wall = state["wall_seconds"] if state else 0.0

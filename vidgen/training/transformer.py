@@ -100,8 +100,13 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
     picked = [0] + [f for i in latent_indices[1:] for f in range(*_video_frames_of_latent(i))]
     frames = clip.frames[picked]
 
-    text = captions.caption(new, rng, paraphrase=True)
-    previous = captions.caption(scene, rng, paraphrase=True) if kind == "transition" else text
+    if kind == "transition":
+        # one omission pattern for both captions: a direction left out of one is not a change
+        (_, previous), (_, text) = captions.storyboard_captions([(0.0, scene), (1.0, new)], rng, paraphrase=True)
+    elif rng.random() < 0.2:
+        text = previous = captions.caption(new)  # the canonical template
+    else:
+        text = previous = captions.caption(new, rng, paraphrase=True)
     if rng.random() < config.caption_dropout:
         text = previous = ""
     if change_latent is None:
@@ -172,7 +177,7 @@ def diffusion_forcing_loss(
     noisy = (1 - s) * latents + s * noise
     pattern = AttentionPattern.block_causal(model.frame_tokens(height, width), c)
     pred = model(noisy, timestep_of(sigma_frames), text, attention_pattern=pattern, return_dict=False)[0]
-    err = (pred - (noise - latents)).square().mean(dim=(1, 3, 4))  # (B, F)
+    err = (pred.float() - (noise - latents)).square().mean(dim=(1, 3, 4))  # (B, F)
     weight = loss_chunks.repeat_interleave(c, dim=1).float()
     return (err * weight).sum() / weight.sum().clamp(min=1)
 
@@ -218,7 +223,8 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         model.train()
         for group in optimizer.param_groups:
             group["lr"] = _lr(config, step)
-        loss = diffusion_forcing_loss(model, latents, text, loss_chunks, config, generator)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+            loss = diffusion_forcing_loss(model, latents, text, loss_chunks, config, generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

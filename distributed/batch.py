@@ -1,0 +1,429 @@
+"""``vidgen render --jobs FILE.jsonl --parallel ray --replicas N``: many videos across N replicas.
+
+Each line of the file is one video (a JSON object)::
+
+    {"prompt": "a red circle", "seconds": 4, "seed": 1, "out": "videos/a.mp4"}
+    {"storyboard": [[0, "a red circle"], [2, "a blue square"]], "seconds": 4, "out": "videos/b.mp4"}
+
+Keys: ``out`` (required, .mp4, relative to the current folder), ``prompt`` or ``storyboard`` (a
+list of ``[start, prompt]`` or a storyboard file), and optionally ``seconds``, ``seed``, ``height``,
+``width``, ``steps``, ``guidance`` and ``set`` (a list of ``"generation.key=value"``); a key left
+out takes the command line's value (``--seconds``, ``--seed`` + line number, ...).
+
+One driver thread per replica takes the next job from a shared queue and records it exactly as a
+single render does (``OUT.parts/``, see ``vidgen.distributed.render``). When a worker dies, its
+replica is restarted and the job goes back to the front of the queue: whichever replica takes it
+next continues after its last recorded chunk. A job is taken from the queue by one thread at a
+time and its video is joined once, so none is lost or made twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vidgen.distributed.ray_cluster import (
+    DegreeError,
+    RayParallelism,
+    connect,
+    is_loopback_cluster,
+    place_workers,
+    rendezvous_dir,
+)
+from vidgen.distributed.ray_worker import WORK_DIR, PipelineSpec, VideoJob
+from vidgen.distributed.render import check_layout, record_video, spec_from_args, user_errors
+from vidgen.distributed.replica import Replica, WorkerLost
+
+_JOB_KEYS = {"prompt", "storyboard", "seconds", "seed", "height", "width", "steps", "guidance", "set", "out"}
+_PER_VIDEO_TABLES = ("generation.", "drift.")
+
+
+@dataclass
+class BatchJob:
+    number: int
+    """Line number in the jobs file (1-based)."""
+    job: VideoJob
+    out: Path
+    request: dict[str, Any]
+    """What ``OUT.parts/request.json`` records (the single-process render's format, with the seed)."""
+    attempts: int = 0
+
+    @property
+    def parts(self) -> Path:
+        return self.out.with_name(self.out.name + ".parts")
+
+
+@dataclass
+class JobOutcome:
+    number: int
+    out: Path
+    status: str
+    """``done``, ``skipped`` (its video exists, --resume) or ``failed``."""
+    frames: int = 0
+    restarts: int = 0
+    replicas: list[int] = field(default_factory=list)
+    """Replicas that worked on it, in order."""
+    error: str = ""
+
+
+@dataclass
+class BatchEvent:
+    """What ``run_batch`` reports as it goes: ``kind`` is ``start``, ``chunk``, ``restart`` or ``end``."""
+
+    kind: str
+    job: BatchJob
+    replica: Replica
+    chunk: Any = None
+    """``chunk``: the chunk just recorded."""
+    recorded: int = 0
+    """``start``: chunks of the job already recorded (a job taken again after a failure > 0)."""
+    outcome: JobOutcome | None = None
+
+
+class JobFileError(ValueError):
+    pass
+
+
+def read_jobs(path: str | Path, args: argparse.Namespace) -> list[BatchJob]:
+    """Parse a JSONL jobs file; defaults come from the command line. Errors name the line."""
+    from vidgen.cli.render import parse_overrides, read_storyboard
+
+    file = Path(path)
+    if not file.is_file():
+        raise JobFileError(f"jobs file not found: {path}")
+    jobs: list[BatchJob] = []
+    outs: dict[Path, int] = {}
+    for number, line in enumerate(file.read_text().splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{path}:{number}"
+        try:
+            entry = json.loads(line)
+        except ValueError as err:
+            raise JobFileError(f"{where}: not JSON ({err})") from None
+        if not isinstance(entry, dict):
+            raise JobFileError(f"{where}: each line must be a JSON object")
+        unknown = sorted(set(entry) - _JOB_KEYS)
+        if unknown:
+            raise JobFileError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(_JOB_KEYS))})")
+        if ("prompt" in entry) == ("storyboard" in entry):
+            raise JobFileError(f'{where}: give exactly one of "prompt" or "storyboard"')
+        out = Path(str(entry.get("out", "")))
+        if out.suffix.lower() != ".mp4":
+            raise JobFileError(f'{where}: "out" must be an .mp4 path, got {entry.get("out")!r}')
+        out = out.resolve()
+        if out in outs:
+            raise JobFileError(f'{where}: "out" {out} is also line {outs[out]}\'s output')
+        outs[out] = number
+        board = entry.get("storyboard")
+        if isinstance(board, str):
+            board = read_storyboard(board)
+        elif board is not None:
+            if not isinstance(board, list) or not all(isinstance(e, list) and len(e) == 2 for e in board):
+                raise JobFileError(f'{where}: "storyboard" must be a file or a list of [start, prompt]')
+            board = [(float(start), str(text)) for start, text in board]
+        seconds = float(entry.get("seconds", args.seconds))
+        if seconds <= 0:
+            raise JobFileError(f'{where}: "seconds" must be positive, got {seconds}')
+        seed = entry.get("seed")
+        if seed is None:
+            seed = (
+                (args.seed + number)
+                if args.seed is not None
+                else int(time.time() * 1000 + number) % (2**31 - 1)
+            )
+        job_set = entry.get("set", [])
+        if not isinstance(job_set, list) or not all(isinstance(s, str) for s in job_set):
+            raise JobFileError(f'{where}: "set" must be a list of "table.key=value" strings')
+        overrides = parse_overrides(job_set)
+        wrong = [key for key in overrides if not key.startswith(_PER_VIDEO_TABLES)]
+        if wrong:
+            raise JobFileError(
+                f'{where}: "set" may change generation.* and drift.* per video, not {wrong[0]!r} '
+                "(pass it to the command with --set)"
+            )
+        job = VideoJob(
+            prompt=entry.get("prompt"),
+            storyboard=board,
+            seconds=seconds,
+            height=entry.get("height", args.height),
+            width=entry.get("width", args.width),
+            num_inference_steps=entry.get("steps", args.steps),
+            guidance_scale=entry.get("guidance", args.guidance),
+            seed=int(seed),
+            overrides=overrides,
+        )
+        request = {
+            "prompt": job.prompt,
+            "storyboard": board,
+            "seconds": seconds,
+            "height": job.height,
+            "width": job.width,
+            "steps": job.num_inference_steps,
+            "guidance": job.guidance_scale,
+            "model": args.model,
+            "transformer": args.transformer,
+            "config": args.config,
+            "set": list(args.set) + job_set,
+            "fps": args.fps,
+            "seed": job.seed,
+        }
+        jobs.append(BatchJob(number, job, out, request))
+    if not jobs:
+        raise JobFileError(f"{path} holds no jobs")
+    return jobs
+
+
+def _prepare(job: BatchJob, resume: bool) -> str | None:
+    """Check or write the job's ``.parts`` folder; returns ``"skipped"`` for a finished video."""
+    parts = job.parts
+    if parts.exists():
+        if not resume:
+            raise JobFileError(
+                f"an interrupted render exists at {parts}: pass --resume to continue it, or delete it"
+            )
+        saved_file = parts / "request.json"
+        if saved_file.is_file():
+            saved = json.loads(saved_file.read_text())
+            saved["storyboard"] = [tuple(e) for e in saved["storyboard"]] if saved.get("storyboard") else None
+            if saved != job.request:
+                raise JobFileError(f"line {job.number}: --resume, but the job differs from {saved_file}")
+            return None
+    elif resume and job.out.is_file():
+        return "skipped"
+    parts.mkdir(parents=True, exist_ok=True)
+    (parts / "request.json").write_text(json.dumps(job.request))
+    return None
+
+
+def run_batch(
+    jobs: list[BatchJob],
+    spec: PipelineSpec,
+    layout: RayParallelism,
+    *,
+    resume: bool = False,
+    max_restarts: int = 3,
+    on_event: Callable[[BatchEvent], None] | None = None,
+) -> list[JobOutcome]:
+    """Render ``jobs`` on ``layout.replicas`` replicas of ``layout.sp`` workers (Ray must be
+    connected). Returns one outcome per job, in file order."""
+    outcomes: dict[int, JobOutcome] = {}
+    queue: collections.deque[BatchJob] = collections.deque()
+    for job in jobs:
+        if _prepare(job, resume) == "skipped":
+            outcomes[job.number] = JobOutcome(job.number, job.out, "skipped")
+        else:
+            queue.append(job)
+    if not queue:
+        return [outcomes[j.number] for j in jobs]
+
+    lock = threading.Lock()
+    placement = place_workers(layout)
+    loopback = is_loopback_cluster()
+    replicas = [
+        Replica(i, spec, placement, layout.sp, rendezvous_dir(), loopback=loopback)
+        for i in range(layout.replicas)
+    ]
+
+    def emit(event: BatchEvent) -> None:
+        if on_event is not None:
+            with lock:
+                on_event(event)
+
+    def take() -> BatchJob | None:
+        with lock:
+            return queue.popleft() if queue else None
+
+    def finish(outcome: JobOutcome) -> None:
+        with lock:
+            outcomes[outcome.number] = outcome
+
+    def work(replica: Replica) -> None:
+        try:
+            replica.start()
+        except WorkerLost as err:
+            print(f"vidgen render: replica {replica.index} could not start: {err}", file=sys.stderr)
+            return
+        while (batch_job := take()) is not None:
+            batch_job.attempts += 1
+            worked_on = outcomes_by_job.setdefault(batch_job.number, [])
+            worked_on.append(replica.index)
+            job = batch_job.job
+            job.num_frames = round(job.seconds * replica.fps)
+            emit(BatchEvent("start", batch_job, replica, recorded=_recorded_chunks(batch_job.parts)))
+            try:
+                result = record_video(
+                    replica,
+                    job,
+                    batch_job.parts,
+                    batch_job.out,
+                    max_restarts=0,
+                    on_chunk=lambda chunk, b=batch_job: emit(BatchEvent("chunk", b, replica, chunk)),
+                )
+            except WorkerLost as err:
+                emit(BatchEvent("restart", batch_job, replica))
+                with lock:
+                    if batch_job.attempts <= max_restarts:
+                        queue.appendleft(batch_job)  # any replica continues it from its last chunk
+                    else:
+                        outcomes[batch_job.number] = JobOutcome(
+                            batch_job.number, batch_job.out, "failed", replicas=worked_on, error=str(err)
+                        )
+                try:
+                    replica.restart()
+                except WorkerLost as restart_err:
+                    print(f"vidgen render: replica {replica.index} lost: {restart_err}", file=sys.stderr)
+                    return
+                continue
+            except user_errors() as err:
+                outcome = JobOutcome(
+                    batch_job.number, batch_job.out, "failed", replicas=worked_on, error=str(err)
+                )
+            else:
+                outcome = JobOutcome(
+                    batch_job.number,
+                    batch_job.out,
+                    "done",
+                    frames=result.frames,
+                    restarts=batch_job.attempts - 1,
+                    replicas=worked_on,
+                )
+            finish(outcome)
+            emit(BatchEvent("end", batch_job, replica, outcome=outcome))
+
+    outcomes_by_job: dict[int, list[int]] = {}
+    threads = [threading.Thread(target=work, args=(r,), name=f"vidgen-replica-{r.index}") for r in replicas]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for replica in replicas:
+            replica.stop()
+        placement.remove()
+    for job in jobs:  # jobs left when every replica was lost
+        outcomes.setdefault(
+            job.number, JobOutcome(job.number, job.out, "failed", error="not run: every replica was lost")
+        )
+    return [outcomes[j.number] for j in jobs]
+
+
+def _recorded_chunks(parts: Path) -> int:
+    try:
+        return len(json.loads((parts / "manifest.json").read_text())["chunks"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+class _BatchProgress:
+    """An overall bar (video seconds of all jobs) and one bar per replica (its current job's frames)."""
+
+    def __init__(self, jobs: list[BatchJob], replicas: int, quiet: bool) -> None:
+        self.quiet = quiet
+        self.bars: dict[int, Any] = {}
+        self.done = 0
+        self.total_jobs = len(jobs)
+        if quiet:
+            return
+        from tqdm import tqdm
+
+        self.tqdm = tqdm
+        self.overall = tqdm(
+            total=round(sum(j.job.seconds for j in jobs), 2),
+            unit="s",
+            desc=f"jobs 0/{len(jobs)}",
+            position=0,
+            dynamic_ncols=True,
+            file=sys.stderr,
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} video s [{elapsed}<{remaining}]",
+        )
+        for r in range(replicas):
+            self.bars[r] = tqdm(
+                total=1,
+                position=r + 1,
+                desc=f"replica {r}: idle",
+                unit="frame",
+                dynamic_ncols=True,
+                file=sys.stderr,
+                leave=False,
+            )
+
+    def __call__(self, event: BatchEvent) -> None:
+        if self.quiet:
+            return
+        bar = self.bars[event.replica.index]
+        if event.kind == "start":
+            bar.reset(total=event.job.job.num_frames)
+            bar.set_description_str(f"replica {event.replica.index}: {event.job.out.name}")
+        elif event.kind == "chunk":
+            fps = event.replica.fps
+            bar.update(len(event.chunk.frames))
+            self.overall.update(round(len(event.chunk.frames) / fps, 4))
+        elif event.kind == "restart":
+            self.tqdm.write(
+                f"vidgen render: a worker of replica {event.replica.index} died during line {event.job.number} "
+                f"({event.job.out.name}); restarting it, the job continues from its last chunk",
+                file=sys.stderr,
+            )
+        elif event.kind == "end":
+            self.done += 1
+            self.overall.set_description_str(f"jobs {self.done}/{self.total_jobs}")
+            outcome = event.outcome
+            message = f"{outcome.frames} frames" if outcome.status == "done" else outcome.error
+            self.tqdm.write(
+                f"vidgen render: line {outcome.number} {outcome.status}: {outcome.out} ({message})",
+                file=sys.stderr,
+            )
+            bar.set_description_str(f"replica {event.replica.index}: idle")
+
+    def close(self) -> None:
+        if self.quiet:
+            return
+        for bar in self.bars.values():
+            bar.close()
+        self.overall.close()
+
+
+def render_jobs(args: argparse.Namespace) -> int:
+    """``vidgen render --jobs FILE.jsonl --parallel ray``: exit status 0 if every job is done."""
+    from vidgen.cli import UsageError
+
+    try:
+        if args.parallel != "ray":
+            raise DegreeError("--jobs runs on Ray: add --parallel ray (and --replicas N)")
+        layout = check_layout(args.sp, args.replicas)
+        jobs = read_jobs(args.jobs, args)
+    except (JobFileError, *user_errors()) as err:
+        raise UsageError(str(err)) from None
+    started = connect(getattr(args, "address", None))
+    progress = _BatchProgress(jobs, layout.replicas, args.quiet)
+    try:
+        outcomes = run_batch(jobs, spec_from_args(args), layout, resume=args.resume, on_event=progress)
+    except (JobFileError, *user_errors()) as err:
+        raise UsageError(str(err)) from None
+    finally:
+        progress.close()
+        if started == "local":
+            import ray
+
+            ray.shutdown()
+    failed = [o for o in outcomes if o.status == "failed"]
+    if not args.quiet:
+        done = sum(o.status == "done" for o in outcomes)
+        skipped = sum(o.status == "skipped" for o in outcomes)
+        print(f"vidgen render: {done} done, {skipped} already there, {len(failed)} failed", file=sys.stderr)
+    for outcome in failed:
+        print(f"vidgen render: line {outcome.number} failed: {outcome.error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+__all__ = ["WORK_DIR", "BatchEvent", "BatchJob", "JobOutcome", "read_jobs", "render_jobs", "run_batch"]

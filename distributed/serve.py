@@ -1,0 +1,314 @@
+"""Serving many users with Ray Serve: N pipeline replicas holding sessions, with cache-aware routing.
+
+Who calls whom::
+
+    vidgen serve --backend ray (Gradio page) --> RaySessions  --handle-->  SessionReplica x N
+                                                 (driver)      SessionAffinityRouter   (Serve replicas,
+                                                                (session -> replica)    SessionStore each)
+
+* :class:`SessionReplica` is a Serve deployment: each replica loads the pipeline once and holds
+  sessions in a :class:`~vidgen.distributed.session_store.SessionStore` (one KV cache per session).
+  Its chunks are made on one compute thread, so the sessions of a replica take turns chunk by
+  chunk while control calls (a new prompt, stop) are answered at once.
+* Routing: the replica that opens a session puts its own replica id in the session id, and
+  :class:`~vidgen.distributed.session_router.SessionAffinityRouter` (the deployment's Serve request
+  router) sends every later request of that session -- more chunks, more seconds, a new prompt,
+  stop -- to that replica, whichever process holds the handle. New sessions go to the least busy
+  replica.
+* Eviction: a replica evicts sessions idle for ``idle_timeout_s``. With ``persist_dir`` (storage
+  every replica can read) an evicted session is saved first and restored on its next request, so
+  the video continues as if it had never stopped; it also survives the crash of its replica.
+* :class:`RaySessions` implements ``vidgen.pipelines.session.SessionBackend`` (``open``,
+  ``chunks``, ``change_prompt``, ``stop``, plus ``info``, ``extend`` and ``replica_of``) over a
+  deployment handle, for the Gradio page.
+
+No HTTP proxy is started: the page talks to the deployment handle, so no port opens for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from vidgen.distributed.ray_worker import PipelineSpec
+from vidgen.pipelines.session import GenerationRequest, SessionNotFound
+
+ROUTER = "vidgen.distributed.session_router:SessionAffinityRouter"
+APP_NAME = "vidgen-sessions"
+
+
+def _bind_replica_grpc_to_loopback() -> None:
+    """Ray Serve replicas open an inter-deployment gRPC server on ``[::]:0`` (every interface),
+    whatever the node address. On the private 127.0.0.1 cluster, bind it to loopback instead.
+
+    Patches the name Ray's replica module calls; runs in the replica before Ray starts that
+    server (the user constructor runs first). A no-op if Ray's internals differ.
+    """
+    try:
+        from ray.serve._private import replica as serve_replica
+    except ImportError:  # pragma: no cover
+        return
+    original = getattr(serve_replica, "add_port_to_grpc_server", None)
+    if original is None or getattr(original, "vidgen_loopback", False):
+        return
+
+    def loopback_only(server, address: str):
+        host, _, port = address.rpartition(":")
+        if host in ("[::]", "0.0.0.0", ""):
+            address = f"127.0.0.1:{port}"
+        return original(server, address)
+
+    loopback_only.vidgen_loopback = True
+    serve_replica.add_port_to_grpc_server = loopback_only
+
+
+class SessionReplica:
+    """One serving replica (a Serve deployment class, wrapped by :func:`deployment`)."""
+
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        persist_dir: str | None = None,
+        idle_timeout_s: float = 600.0,
+        check_every_s: float | None = None,
+        loopback: bool = False,
+    ) -> None:
+        import os
+        import uuid
+
+        import torch
+        from ray import serve
+
+        from vidgen.distributed.session_store import SessionStore
+
+        if loopback:
+            _bind_replica_grpc_to_loopback()
+        if os.environ.get("OMP_NUM_THREADS"):
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.store = SessionStore(
+            spec.load(),
+            persist_dir=persist_dir,
+            idle_timeout_s=idle_timeout_s,
+            new_id=lambda: f"{self.replica_id}.{uuid.uuid4().hex}",
+        )
+        # one compute thread: the pipeline runs one chunk at a time
+        self.compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vidgen-compute")
+        self._closing = threading.Event()
+        every = check_every_s if check_every_s is not None else max(0.05, min(idle_timeout_s / 4, 30.0))
+        self._evictor = threading.Thread(target=self._evict_loop, args=(every,), daemon=True)
+        self._evictor.start()
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.compute, fn, *args)
+
+    # ------------------------------------------------------------------ requests
+    async def open(self, request: GenerationRequest) -> str:
+        return await self._run(self.store.open, request)
+
+    async def chunks(self, session_id: str):
+        """Stream the session's chunks until it is stopped or reaches its length. The first item is
+        ``None``, sent at once: the caller learns the session exists before the first chunk is made."""
+        self.store.begin_read(session_id)
+        try:
+            yield None
+            while True:
+                chunk = await self._run(self.store.next_chunk, session_id)
+                if chunk is None:
+                    return
+                yield chunk
+        finally:
+            self.store.end_read(session_id)
+
+    async def change_prompt(self, session_id: str, prompt: str) -> None:
+        self.store.change_prompt(session_id, prompt)
+
+    async def extend(self, session_id: str, seconds: float) -> None:
+        self.store.extend(session_id, seconds)
+
+    async def stop(self, session_id: str) -> None:
+        await self._run(self.store.stop, session_id)
+
+    async def holds(self, session_id: str) -> dict[str, Any]:
+        """Which replica answered, and whether the session is live in its memory."""
+        state = self.store.describe()
+        return {"replica": self.replica_id, "live": session_id in state["sessions"]}
+
+    async def stats(self) -> dict[str, Any]:
+        return {"replica": self.replica_id, **self.store.describe()}
+
+    async def info(self):
+        from vidgen.pipelines.session import ModelInfo
+
+        return ModelInfo.from_pipeline(self.store.pipe)
+
+    # ------------------------------------------------------------------ eviction
+    def _evict_loop(self, every: float) -> None:
+        while not self._closing.wait(every):
+            for session_id in self.store.idle():
+                # on the compute thread, never while one of its chunks is being made
+                self.compute.submit(self.store.evict, session_id).result()
+
+    def __del__(self) -> None:
+        self._closing.set()
+        self.store.close()
+
+
+def deployment(
+    spec: PipelineSpec,
+    *,
+    replicas: int = 1,
+    persist_dir: str | Path | None = None,
+    idle_timeout_s: float = 600.0,
+    check_every_s: float | None = None,
+    gpu: bool = False,
+    cpus_per_replica: float = 1.0,
+    max_sessions_per_replica: int = 16,
+    loopback: bool = False,
+):
+    """The bound Serve application: ``replicas`` copies of :class:`SessionReplica`."""
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    from vidgen.distributed.ray_worker import worker_env
+
+    options: dict[str, Any] = {
+        "num_cpus": cpus_per_replica,
+        "num_gpus": 1 if gpu else 0,
+        "runtime_env": {"env_vars": worker_env(loopback)},
+    }
+    cls = serve.deployment(
+        SessionReplica,
+        name="SessionReplica",
+        num_replicas=replicas,
+        ray_actor_options=options,
+        # a session being read holds one request for as long as it streams
+        max_ongoing_requests=4 * max_sessions_per_replica,
+        request_router_config=RequestRouterConfig(request_router_class=ROUTER),
+    )
+    return cls.bind(spec, str(persist_dir) if persist_dir else None, idle_timeout_s, check_every_s, loopback)
+
+
+class RaySessions:
+    """The ``SessionBackend`` protocol over Ray Serve replicas (see the module docstring)."""
+
+    def __init__(self, handle, app_name: str = APP_NAME, owns_ray: bool = False) -> None:
+        self.handle = handle
+        self.app_name = app_name
+        self._owns_ray = owns_ray
+        self._info = None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str | None = None,
+        *,
+        config: str | None = None,
+        replicas: int | None = None,
+        persist_dir: str | Path | None = None,
+        idle_timeout_s: float = 600.0,
+        check_every_s: float | None = None,
+        address: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        cpus_per_replica: float = 1.0,
+        app_name: str = APP_NAME,
+    ) -> RaySessions:
+        """Deploy the pipeline (``model``, ``config``, ``overrides`` as in ``from_pretrained``) on
+        ``replicas`` Serve replicas (None: one per GPU, or one on a CPU-only cluster)."""
+        from ray import serve
+
+        from vidgen.distributed.ray_cluster import connect, is_loopback_cluster, uses_gpus
+        from vidgen.pipelines.loading import resolve_model
+
+        resolve_model(model, None)  # a missing folder fails here, as ModelLoadError, not in a replica
+        started = connect(address)
+        gpu = uses_gpus()
+        if replicas is None:
+            import ray
+
+            replicas = int(ray.cluster_resources().get("GPU", 0)) if gpu else 1
+        if replicas < 1:
+            from vidgen.distributed.ray_cluster import DegreeError
+
+            raise DegreeError(f"replicas must be >= 1, got {replicas}")
+        loopback = is_loopback_cluster()
+        # the page reaches the replicas through the handle: no HTTP proxy, no open port
+        serve.start(proxy_location="Disabled", http_options={"host": "127.0.0.1"})
+        app = deployment(
+            PipelineSpec(model=model, config=config, overrides=dict(overrides or {})),
+            replicas=replicas,
+            persist_dir=persist_dir,
+            idle_timeout_s=idle_timeout_s,
+            check_every_s=check_every_s,
+            gpu=gpu,
+            cpus_per_replica=cpus_per_replica,
+            loopback=loopback,
+        )
+        handle = serve.run(app, name=app_name, route_prefix=None)
+        return cls(handle, app_name, owns_ray=started == "local")
+
+    # ------------------------------------------------------------------ SessionBackend
+    def _session(self, session_id: str):
+        return self.handle.options(multiplexed_model_id=session_id)
+
+    @staticmethod
+    def _result(response):
+        try:
+            return response.result()
+        except SessionNotFound as err:  # re-raised plain, without Ray's wrapper
+            raise SessionNotFound(*err.args) from None
+
+    @property
+    def info(self):
+        """The model's :class:`~vidgen.pipelines.session.ModelInfo` (asked of a replica once)."""
+        if self._info is None:
+            self._info = self.handle.info.remote().result()
+        return self._info
+
+    def open(self, request: GenerationRequest) -> str:
+        return self.handle.open.remote(request).result()
+
+    def chunks(self, session_id: str) -> Iterator[Any]:
+        """The session's chunks; raises :class:`SessionNotFound` here, not at the first chunk, as
+        ``LocalSessions.chunks`` does (the replica answers at once with a ``None`` header)."""
+        stream = self._session(session_id).options(stream=True).chunks.remote(session_id)
+        try:
+            next(stream)
+        except SessionNotFound as err:
+            raise SessionNotFound(*err.args) from None
+        return self._rest(stream)
+
+    @staticmethod
+    def _rest(stream) -> Iterator[Any]:
+        try:
+            yield from stream
+        finally:
+            stream.cancel()
+
+    def change_prompt(self, session_id: str, prompt: str) -> None:
+        self._result(self._session(session_id).change_prompt.remote(session_id, prompt))
+
+    def stop(self, session_id: str) -> None:
+        self._result(self._session(session_id).stop.remote(session_id))
+
+    # ------------------------------------------------------------------ beyond the protocol
+    def extend(self, session_id: str, seconds: float) -> None:
+        """More seconds for a session that reached its length; read them with :meth:`chunks`."""
+        self._result(self._session(session_id).extend.remote(session_id, seconds))
+
+    def replica_of(self, session_id: str) -> dict[str, Any]:
+        """``{"replica": id, "live": bool}`` from the replica this session's requests reach."""
+        return self._result(self._session(session_id).holds.remote(session_id))
+
+    def shutdown(self) -> None:
+        from ray import serve
+
+        serve.delete(self.app_name)
+        if self._owns_ray:
+            import ray
+
+            ray.shutdown()

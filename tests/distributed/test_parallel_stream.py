@@ -1,0 +1,72 @@
+"""A whole video through ``sequence_parallel_stream`` on 2 CPU processes equals ``pipe.stream``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tests.distributed.launch import run_ranks
+from tests.models.conftest import relative_error
+from tests.tiny import save_tiny_pipeline
+from vidgen.pipelines import LongVideoPipeline, StreamControl
+
+# a prompt change half-way (re-cache under the new prompt), guidance (batch 2 in the cache), and
+# 12 latent frames through a cache of 2 sinks + a 4-frame window (it wraps twice)
+REQUEST = dict(
+    storyboard=[(0.0, "a red circle moving left"), (1.5, "a blue square moving up")],
+    seconds=3,
+    guidance_scale=3.0,
+    generator=7,
+    return_latents=True,
+)
+
+
+def _worker(rank: int, world: int, init_method: str, folder: Path) -> None:
+    from vidgen.distributed import init_process_group, sequence_parallel_stream
+
+    pipe = LongVideoPipeline.from_pretrained(folder / "pipe")
+    ulysses = init_process_group(rank, world, init_method, kind="ulysses")
+    results = {}
+    for group in (ulysses, replace(ulysses, kind="ring")):
+        chunks = list(sequence_parallel_stream(pipe, group, **REQUEST))
+        results[group.kind] = np.concatenate([c.frames for c in chunks])
+        results[f"{group.kind}_latents"] = torch.cat([c.latents for c in chunks], dim=2)
+
+    # stopping on rank 0 stops every rank: only rank 0's control is read
+    control = StreamControl()
+    made = 0
+    for _ in sequence_parallel_stream(
+        pipe, ulysses, prompt="a circle", seconds=3, generator=1, control=control
+    ):
+        made += 1
+        if made == 2 and rank == 0:
+            control.stop()
+    results["stopped_after"] = made
+    torch.save(results, folder / f"rank{rank}.pt")
+
+
+def test_sequence_parallel_video_equals_single_process(tmp_path):
+    """Ulysses gives the same uint8 frames bit for bit: each rank runs the very same per-head
+    attention over the whole sequence, and everything else is per token. Ring attention merges
+    per-block partial softmaxes in its own float32 arithmetic, which rounds differently from SDPA
+    (~1e-7 relative): the latents agree to 1e-5, and a value that sits on a uint8 rounding boundary
+    may land one step off (6 of 589,824 values here)."""
+    save_tiny_pipeline(tmp_path / "pipe")
+    run_ranks(_worker, 2, tmp_path)
+    pipe = LongVideoPipeline.from_pretrained(tmp_path / "pipe")
+    chunks = list(pipe.stream(**REQUEST))
+    expected = np.concatenate([c.frames for c in chunks])
+    expected_latents = torch.cat([c.latents for c in chunks], dim=2)
+    assert expected.shape == (48, 64, 64, 3)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        assert np.array_equal(got["ulysses"], expected), f"rank {rank}"
+        assert torch.equal(got["ulysses_latents"], expected_latents)
+
+        assert relative_error(got["ring_latents"], expected_latents) <= 1e-5
+        off = np.abs(got["ring"].astype(np.int16) - expected.astype(np.int16))
+        assert off.max() <= 1 and np.count_nonzero(off) <= off.size * 1e-4, f"rank {rank}"
+        assert got["stopped_after"] == 2

@@ -1,0 +1,144 @@
+"""``vidgen render --jobs FILE.jsonl --parallel ray --replicas N``: jobs spread over replicas, a killed
+worker replaced and its job continued, every video equal to its single-process render."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from tests.distributed.ray_network import listeners_off_loopback
+from vidgen.cli import build_parser, main
+from vidgen.distributed.batch import JobFileError, read_jobs, run_batch
+from vidgen.distributed.ray_cluster import RayParallelism
+from vidgen.distributed.render import spec_from_args
+from vidgen.video import read_video
+
+RED = "a red circle moving left on a black background"
+BLUE = "a blue square moving up on a white background"
+
+
+def _args(jobs_file, model="unused", *extra):
+    return build_parser().parse_args(
+        ["render", "--jobs", str(jobs_file), "--model", str(model), "--parallel", "ray", "--quiet", *extra]
+    )
+
+
+def _write_jobs(path, jobs):
+    path.write_text("\n".join(json.dumps(job) for job in jobs) + "\n")
+    return path
+
+
+def _single_process(model, job, folder) -> np.ndarray:
+    """The job rendered by the plain ``vidgen render`` (one process, no Ray)."""
+    out = folder / f"reference-{job['seed']}.mp4"
+    if "storyboard" in job:
+        board = folder / f"board-{job['seed']}.json"
+        board.write_text(json.dumps(job["storyboard"]))
+        what = ["--storyboard", str(board)]
+    else:
+        what = ["--prompt", job["prompt"]]
+    argv = [
+        "render",
+        "--model",
+        str(model),
+        *what,
+        "--seconds",
+        str(job["seconds"]),
+        "--seed",
+        str(job["seed"]),
+    ]
+    assert main([*argv, "--out", str(out), "--quiet"]) == 0
+    return read_video(out)[0]
+
+
+def test_batch_survives_a_killed_worker(ray_cluster, tiny_model_dir, tmp_path):
+    jobs = [
+        {"prompt": RED, "seconds": 3, "seed": 1, "out": str(tmp_path / "a.mp4")},
+        {"storyboard": [[0, RED], [1, BLUE]], "seconds": 2, "seed": 2, "out": str(tmp_path / "b.mp4")},
+        {"prompt": BLUE, "seconds": 1.5, "seed": 3, "out": str(tmp_path / "c.mp4")},
+    ]
+    args = _args(_write_jobs(tmp_path / "jobs.jsonl", jobs), tiny_model_dir)
+    events, killed, network = [], {}, []
+
+    def on_event(event):
+        events.append(event)
+        if event.kind == "chunk" and event.job.number == 1 and event.chunk.index == 1 and not killed:
+            killed.update(pid=event.replica.pids[0], replica=event.replica.index)
+            network.extend(listeners_off_loopback())  # while every worker is up
+            os.kill(killed["pid"], signal.SIGKILL)
+
+    outcomes = run_batch(
+        read_jobs(args.jobs, args), spec_from_args(args), RayParallelism(sp=1, replicas=2), on_event=on_event
+    )
+
+    assert killed and network == []
+    assert [o.status for o in outcomes] == ["done", "done", "done"]
+    first = outcomes[0]
+    assert first.restarts == 1 and len(first.replicas) == 2
+    # taken again, the job continued after the chunks already recorded
+    starts = [e for e in events if e.kind == "start" and e.job.number == 1]
+    assert [e.recorded for e in starts][0] == 0 and starts[1].recorded >= 2
+    # each chunk of each job recorded once, in order, none lost
+    for number, job in enumerate(jobs, start=1):
+        indices = [e.chunk.index for e in events if e.kind == "chunk" and e.job.number == number]
+        assert indices == list(range(len(indices)))
+        assert sum(
+            len(e.chunk.frames) for e in events if e.kind == "chunk" and e.job.number == number
+        ) == round(job["seconds"] * 16)
+    assert {e.replica.index for e in events if e.kind == "start"} == {0, 1}  # both replicas worked
+    ends = [e.job.number for e in events if e.kind == "end"]
+    assert sorted(ends) == [1, 2, 3]
+    for job in jobs:
+        frames = read_video(job["out"])[0]
+        assert np.array_equal(frames, _single_process(tiny_model_dir, job, tmp_path))
+        assert not os.path.exists(job["out"] + ".parts")
+
+
+@pytest.mark.slow
+def test_batch_cli_and_resume_skips_finished_videos(ray_cluster, tiny_model_dir, tmp_path, capsys):
+    jobs = [
+        {"prompt": RED, "seconds": 1, "seed": 4, "out": str(tmp_path / "x.mp4")},
+        {"prompt": BLUE, "seconds": 1, "seed": 5, "out": str(tmp_path / "y.mp4")},
+    ]
+    jobs_file = _write_jobs(tmp_path / "jobs.jsonl", jobs)
+    argv = ["render", "--jobs", str(jobs_file), "--model", str(tiny_model_dir), "--parallel", "ray"]
+    assert main([*argv, "--replicas", "2", "--quiet"]) == 0
+    assert all(os.path.isfile(j["out"]) for j in jobs)
+    before = [os.path.getmtime(j["out"]) for j in jobs]
+    assert main([*argv, "--resume"]) == 0
+    assert "0 done, 2 already there, 0 failed" in capsys.readouterr().err
+    assert [os.path.getmtime(j["out"]) for j in jobs] == before
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ({"prompt": "p", "out": "a.mp4", "colour": 1}, "unknown key 'colour'"),
+        (
+            {"prompt": "p", "storyboard": [[0, "p"]], "out": "a.mp4"},
+            'exactly one of "prompt" or "storyboard"',
+        ),
+        ({"prompt": "p", "out": "a.avi"}, '"out" must be an .mp4 path'),
+        ({"prompt": "p", "out": "a.mp4", "seconds": 0}, '"seconds" must be positive'),
+        ({"prompt": "p", "out": "a.mp4", "set": ["model.vae=wan"]}, "not 'model.vae'"),
+    ],
+)
+def test_job_file_errors_name_the_line(tmp_path, line, message):
+    jobs_file = _write_jobs(
+        tmp_path / "jobs.jsonl", [{"prompt": "ok", "out": str(tmp_path / "ok.mp4")}, line]
+    )
+    with pytest.raises(JobFileError, match="jobs.jsonl:2: ") as err:
+        read_jobs(jobs_file, _args(jobs_file))
+    assert message in str(err.value)
+
+
+def test_duplicate_outputs_and_missing_ray_are_refused(tmp_path, capsys):
+    jobs_file = _write_jobs(tmp_path / "jobs.jsonl", [{"prompt": "p", "out": "same.mp4"}] * 2)
+    with pytest.raises(JobFileError, match="also line 1's output"):
+        read_jobs(jobs_file, _args(jobs_file))
+    assert main(["render", "--jobs", str(jobs_file)]) == 2
+    assert "--jobs runs on Ray: add --parallel ray" in capsys.readouterr().err

@@ -1,0 +1,110 @@
+"""``vidgen render --parallel ray``: the frames of the single-process render, an interrupted Ray
+render finished by ``--resume``, and clear errors for degrees that cannot run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from vidgen.cli import build_parser, main
+from vidgen.distributed.ray_cluster import DegreeError, RayParallelism, place_workers
+from vidgen.distributed.ray_worker import WORK_DIR, PipelineSpec, VideoJob
+from vidgen.distributed.render import record_video
+from vidgen.distributed.replica import Replica, WorkerLost
+from vidgen.video import SegmentedRecording, read_video
+
+PROMPT = "a red circle moving left on a black background"
+SEED = 7
+
+
+def _argv(model, out, *extra):
+    return [
+        "render",
+        "--model",
+        str(model),
+        "--prompt",
+        PROMPT,
+        "--seconds",
+        "2",
+        "--seed",
+        str(SEED),
+        "--out",
+        str(out),
+        "--quiet",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def single_frames(tiny_model_dir, tmp_path_factory):
+    """The single-process render every Ray render must equal, frame for frame."""
+    out = tmp_path_factory.mktemp("single") / "single.mp4"
+    assert main(_argv(tiny_model_dir, out)) == 0
+    return read_video(out)[0]
+
+
+@pytest.mark.parametrize("sp", [1, 2])
+def test_ray_render_equals_single_process(ray_cluster, tiny_model_dir, single_frames, tmp_path, sp):
+    out = tmp_path / "ray.mp4"
+    assert main(_argv(tiny_model_dir, out, "--parallel", "ray", "--sp", str(sp))) == 0
+    frames, fps = read_video(out)
+    assert fps == 16 and frames.shape == single_frames.shape == (32, 64, 64, 3)
+    assert np.array_equal(frames, single_frames)
+    assert not (tmp_path / "ray.mp4.parts").exists()
+
+
+def test_killed_ray_render_is_finished_by_resume(ray_cluster, tiny_model_dir, single_frames, tmp_path):
+    """A Ray render whose worker dies (no restarts allowed) leaves a ``.parts`` folder whose state
+    matches its recording: the single-process ``--resume`` finishes it with the same frames."""
+    out = tmp_path / "out.mp4"
+    parts = tmp_path / "out.mp4.parts"
+    args = build_parser().parse_args(_argv(tiny_model_dir, out))
+    from vidgen.cli.render import _request
+
+    parts.mkdir()
+    (parts / "request.json").write_text(json.dumps({**_request(args), "seed": SEED}))
+    layout = RayParallelism(sp=1, replicas=1)
+    placement = place_workers(layout)
+    replica = Replica(
+        0, PipelineSpec(model=str(tiny_model_dir)), placement, 1, parts / WORK_DIR, loopback=True
+    )
+    try:
+        replica.start()
+
+        def kill_at_chunk_2(chunk):
+            if chunk.index == 2:
+                os.kill(replica.pids[0], signal.SIGKILL)
+
+        job = VideoJob(prompt=PROMPT, seconds=2, seed=SEED, num_frames=32)
+        with pytest.raises(WorkerLost):
+            record_video(replica, job, parts, out, max_restarts=0, on_chunk=kill_at_chunk_2)
+    finally:
+        replica.stop()
+        placement.remove()
+    recorded = SegmentedRecording(parts, fps=16).completed_chunks()
+    assert recorded[:3] == [0, 1, 2] and len(recorded) < 5 and not out.exists()
+
+    assert main(_argv(tiny_model_dir, out, "--resume")) == 0
+    assert np.array_equal(read_video(out)[0], single_frames)
+
+
+def test_bad_degrees_are_clear_errors(ray_cluster, tiny_model_dir, tmp_path, capsys):
+    with pytest.raises(DegreeError, match="--sp must be a positive integer"):
+        RayParallelism(sp=0)
+    with pytest.raises(DegreeError, match="--replicas must be a positive integer"):
+        RayParallelism(sp=1, replicas=-2)
+    with pytest.raises(DegreeError, match="needs 4 CPUs but the Ray cluster has 2"):
+        RayParallelism(sp=2, replicas=2).check_fits(2, "CPU")
+
+    def error_of(*extra) -> str:
+        assert main(_argv(tiny_model_dir, tmp_path / "x.mp4", *extra)) == 2
+        return capsys.readouterr().err
+
+    assert "--sp must be a positive integer, got 0" in error_of("--parallel", "ray", "--sp", "0")
+    assert "needs 4 CPUs but the Ray cluster has 2" in error_of("--parallel", "ray", "--sp", "4")
+    assert "--replicas applies to batches" in error_of("--parallel", "ray", "--replicas", "2")
+    assert not (tmp_path / "x.mp4.parts").exists()

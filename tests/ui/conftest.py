@@ -1,0 +1,101 @@
+"""Shared by the page's tests: the tiny model (in process and as a folder) and a live server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.tiny import save_tiny_pipeline, tiny_components
+from vidgen.pipelines.session import LocalSessions
+
+SERVER_START_TIMEOUT = 120.0
+
+
+@pytest.fixture(scope="session")
+def tiny_sessions() -> LocalSessions:
+    return LocalSessions(tiny_components())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return save_tiny_pipeline(tmp_path_factory.mktemp("tiny") / "pipeline")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen
+    tmp: Path
+    """The server's TMPDIR: its own folder (``vidgen-ui-*``) is made in here."""
+    log: Path
+
+    def folder(self) -> Path:
+        (folder,) = self.tmp.glob("vidgen-ui-*")
+        return folder
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_dir, tmp_path_factory):
+    """``vidgen serve`` on the tiny model, on a free loopback port; one request at a time and a
+    queue of one, so a third request finds it busy."""
+    tmp = tmp_path_factory.mktemp("server")
+    log = tmp / "serve.log"
+    port = free_port()
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(tmp),
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
+    command = [sys.executable, "-m", "vidgen", "serve", "--model", str(tiny_model_dir), "--port", str(port)]
+    command += ["--host", "127.0.0.1", "--concurrency", "1", "--queue-size", "1"]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, env=env, cwd=tmp, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    running = Server(url, process, tmp, log)
+    deadline = time.monotonic() + SERVER_START_TIMEOUT
+    try:
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"vidgen serve exited with {process.returncode}:\n{running.output()}")
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"vidgen serve did not answer within {SERVER_START_TIMEOUT:.0f} s:\n{running.output()}"
+                )
+            time.sleep(0.5)
+        yield running
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, running.output()
+    assert not list(tmp.glob("vidgen-ui-*")), "the server left its folder behind"

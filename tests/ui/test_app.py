@@ -1,0 +1,54 @@
+"""The page's wiring, built on a stand-in backend: no model is needed to build it, the endpoints
+and queue are as documented, and importing the module loads nothing heavy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import gradio as gr
+import pytest
+
+from tests.ui.test_live import FakeBackend
+from tests.video.conftest import flat_colour_clip
+from vidgen.ui.app import ServeSettings, build_app
+from vidgen.ui.files import ServerFiles
+
+
+def test_importing_the_page_loads_neither_gradio_nor_a_model():
+    code = (
+        "import sys\n"
+        "from vidgen.pipelines import LongVideoPipeline\n"
+        "def refuse(*a, **k): raise SystemExit('a model was loaded at import')\n"
+        "LongVideoPipeline.from_pretrained = refuse\n"
+        "import vidgen.ui, vidgen.ui.app\n"
+        "print('gradio' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+@pytest.fixture(scope="module")
+def demo(tiny_sessions, tmp_path_factory):
+    files = ServerFiles.create(60, parent=tmp_path_factory.mktemp("files"))
+    backend = FakeBackend(flat_colour_clip(8))  # the page never asks a backend for its model
+    yield build_app(backend, tiny_sessions.info, files, ServeSettings(concurrency=2, queue_size=3))
+    files.cleanup()
+
+
+def test_endpoints_and_queue(demo):
+    public = {fn.api_name for fn in demo.fns.values() if fn.api_visibility == "public"}
+    assert public == {"generate", "change_prompt", "stop"}
+    by_name = {fn.api_name: fn for fn in demo.fns.values()}
+    assert by_name["generate"].queue and by_name["generate"].concurrency_id == "generate"
+    # steering a stream must not wait behind the generations in the queue
+    assert not by_name["change_prompt"].queue and not by_name["stop"].queue
+    assert demo._queue.max_size == 3 and demo._queue.default_concurrency_limit == 2
+
+
+def test_the_video_streams_and_each_tab_has_its_own_state(demo):
+    (video,) = [b for b in demo.blocks.values() if isinstance(b, gr.Video)]
+    assert video.streaming and video.autoplay
+    (state,) = [b for b in demo.blocks.values() if isinstance(b, gr.State)]
+    assert state.value is None and state.delete_callback is not None

@@ -1,0 +1,109 @@
+"""The page in a real browser (Debian's Chromium through Playwright): type, Generate, watch the
+stream play, change the prompt mid-stream, Stop, download, and no error anywhere."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+PROMPT = "a red circle moving left on a black background"
+NEW_PROMPT = "a blue square moving up on a white background"
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason=f"needs {CHROMIUM} (apt-get install chromium)"),
+]
+
+
+def video_state(page) -> dict | None:
+    return page.evaluate(
+        """() => {
+            const v = document.querySelector('#live-video video');
+            return v ? {time: v.currentTime, paused: v.paused, error: v.error && v.error.message} : null;
+        }"""
+    )
+
+
+def poll(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.25)
+
+
+def test_generate_watch_change_prompt_stop(server, tmp_path):
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1100})
+            console_errors = []
+            page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: console_errors.append(str(e)))
+            page.goto(server.url, timeout=60_000)
+            page.wait_for_selector("#generate", timeout=60_000)
+
+            page.locator("#prompt textarea").fill(PROMPT)
+            page.get_by_label("Until stopped").check()
+            page.click("#generate")
+
+            # the stream plays: at least 2 s of it, without the player failing or restarting
+            times = []
+
+            def played_two_seconds():
+                state = video_state(page)
+                if state:
+                    assert not state["error"], state
+                    times.append(state["time"])
+                return state and state["time"] >= 2.0
+
+            poll(played_two_seconds, 40, "2 s of the stream to play")
+            assert times == sorted(times), f"playback went backwards: {times}"
+
+            page.locator("#new-prompt textarea").fill(NEW_PROMPT)
+            page.click("#change-prompt")
+            poll(
+                lambda: (
+                    (status := page.locator("#status").inner_text()).startswith("Streaming")
+                    and NEW_PROMPT in status
+                ),
+                20,
+                "chunks made with the new prompt",
+            )
+            page.screenshot(path=str(tmp_path / "streaming.png"), full_page=True)
+
+            page.click("#stop")
+            poll(lambda: "Stopped" in page.locator("#status").inner_text(), 20, "the stream to stop")
+            link = page.locator("#download a").first
+            link.wait_for(timeout=20_000)
+            assert link.get_attribute("href").endswith("video.mp4")
+            assert int(page.locator("#chunks input").input_value()) > 0
+            assert float(page.locator("#rtf input").input_value()) > 0
+            state = video_state(page)
+            assert state["time"] >= 2.0 and not state["error"]
+
+            page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
+            assert page.locator(".toast-body.error").count() == 0, page.locator(
+                ".toast-body"
+            ).all_inner_texts()
+            assert "Error" not in page.locator("#status").inner_text()
+            assert not console_errors, console_errors
+        finally:
+            browser.close()
+    assert (tmp_path / "page.png").stat().st_size > 10_000

@@ -1,0 +1,132 @@
+"""The page's handlers without a server: bad input becomes a message, a stream runs, changes its
+prompt, stops, and a tab that goes away frees its session and files."""
+
+from __future__ import annotations
+
+import gradio as gr
+import pytest
+
+from tests.ui.test_live import FakeBackend
+from tests.video.conftest import flat_colour_clip
+from vidgen.ui.files import ServerFiles
+from vidgen.ui.handlers import LiveHandlers, StreamSettings
+
+PROMPT = "a red circle moving left on a black background"
+NEW_PROMPT = "a blue square moving up on a white background"
+
+
+def form(**fields):
+    """The generate handler's arguments, as the page sends them by default."""
+    values = dict(
+        prompt=PROMPT,
+        storyboard=[[None, ""]],
+        seconds=3,
+        until_stopped=False,
+        seed=0,
+        height=64,
+        width=64,
+        steps=4,
+        window_frames=4,
+        sink_frames=2,
+        anchor_stats=True,
+        recache_every=0,
+        context_noise=0.0,
+        attention_backend="auto",
+        session_id=None,
+    )
+    values.update(fields)
+    return values
+
+
+@pytest.fixture
+def files(tmp_path):
+    server = ServerFiles.create(ttl_seconds=60, parent=tmp_path)
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def handlers(tiny_sessions, files):
+    return LiveHandlers(tiny_sessions, tiny_sessions.info, files, StreamSettings(max_lead=0))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"prompt": ""}, "the prompt is empty"),
+        ({"storyboard": [[3, "b"], [1, "c"]]}, "row 2 starts at 1 s, not after row 1"),
+        ({"storyboard": [["later", "b"]]}, "row 1: start 'later' is not a time"),
+        ({"height": 100}, "height must be a positive multiple of 8"),
+        ({"window_frames": 3}, "multiple of chunk_frames"),
+    ],
+)
+def test_bad_input_is_a_message_not_a_crash(handlers, tiny_sessions, fields, message):
+    with pytest.raises(gr.Error, match=message):
+        next(handlers.generate(**form(**fields)))
+    assert tiny_sessions.active == 0 and not list(handlers.files.runs_dir.iterdir())
+
+
+def test_a_stream_from_start_to_mp4(handlers, tiny_sessions, files):
+    updates = list(handlers.generate(**form(seconds=3)))
+    first, *segments, last = updates
+    video, fps, rtf, chunks, drift, download, status, session_id = first
+    assert session_id and status == "Starting..." and download is None and chunks == 0
+    assert len(segments) >= 2 and all(u[-1] == session_id for u in updates)
+    assert all(str(u[0]).endswith(".ts") for u in segments)
+    video, fps, rtf, chunks, drift, download, status, _ = last
+    assert download.endswith("video.mp4") and files.contains(download)
+    assert status.startswith("**Done**: 3.0 s of video") and chunks == 7 and fps > 0 and rtf > 0
+    assert set(drift["measure"]) == {"stats_distance", "change_energy", "repetition"}
+    assert drift["chunk"].max() == 6
+    assert tiny_sessions.active == 0 and not handlers.running(session_id)
+
+
+def test_prompt_change_and_stop_while_streaming(handlers, tiny_sessions):
+    assert "Nothing is being generated" in handlers.change_prompt(NEW_PROMPT, None)
+    stream = handlers.generate(**form(until_stopped=True))
+    session_id = next(stream)[-1]
+    assert handlers.running(session_id)
+    assert "Type the new prompt" in handlers.change_prompt("  ", session_id)
+    assert NEW_PROMPT in handlers.change_prompt(NEW_PROMPT, session_id)
+    statuses = [next(stream)[6] for _ in range(3)]
+    assert NEW_PROMPT in statuses[-1]  # applied from the next chunk
+    assert handlers.stop(session_id).startswith("Stopping")
+    rest = list(stream)
+    assert rest[-1][6].startswith("**Stopped**") and rest[-1][5].endswith("video.mp4")
+    assert tiny_sessions.active == 0 and not handlers.running(session_id)
+    assert "Nothing is being generated" in handlers.change_prompt(NEW_PROMPT, session_id)
+
+
+def test_a_tab_that_goes_away_frees_its_session_and_files(handlers, tiny_sessions, files):
+    stream = handlers.generate(**form(until_stopped=True))
+    session_id = next(stream)[-1]
+    next(stream)
+    assert tiny_sessions.active == 1 and len(list(files.runs_dir.iterdir())) == 1
+    stream.close()  # Gradio closes the generator of a client that disconnected
+    assert tiny_sessions.active == 0 and not handlers.running(session_id)
+    assert not list(files.runs_dir.iterdir())
+    # the same through gr.State's delete callback, before the first segment
+    stream = handlers.generate(**form(until_stopped=True))
+    session_id = next(stream)[-1]
+    handlers.stop_quietly(session_id)
+    assert list(stream)[-1][6].startswith("**Stopped**") and tiny_sessions.active == 0
+
+
+def test_errors_inside_generation_become_messages(files):
+    backend = FakeBackend(flat_colour_clip(64), fail_at=2)
+    handlers = LiveHandlers(backend, _info(), files, StreamSettings(max_lead=0))
+    with pytest.raises(gr.Error, match="the model cannot do that"):
+        list(handlers.generate(**form()))
+    assert backend.stopped and not list(files.runs_dir.iterdir())
+
+
+def test_late_storyboard_rows_warn(handlers):
+    with pytest.warns(UserWarning, match="after the video ends"):
+        next(handlers.generate(**form(seconds=2, storyboard=[[5, NEW_PROMPT]])))
+
+
+def _info():
+    from tests.tiny import tiny_components
+    from vidgen.pipelines.session import ModelInfo
+
+    return ModelInfo.from_pipeline(tiny_components())

@@ -1,0 +1,182 @@
+"""From chunks to stream segments: segment length and keyframes, continuity, pacing, stopping,
+and the session freed however the stream ends."""
+
+from __future__ import annotations
+
+import threading
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from tests.video.conftest import FLAT_TOLERANCE, flat_colour_clip, max_error, packets
+from vidgen.pipelines import ChunkMetrics, InputError, VideoChunk
+from vidgen.pipelines.drift import DriftMeasures
+from vidgen.pipelines.session import GenerationRequest
+from vidgen.ui.live import LiveRecorder, live_stream
+from vidgen.video import probe_video, read_video
+
+FPS = 16
+PROMPT = "a red circle moving left on a black background"
+
+
+class FakeBackend:
+    """A SessionBackend whose session yields ``clip`` in chunks of 8 frames (the first 5, as the
+    pipeline's first chunk), recording what was asked of it."""
+
+    def __init__(self, clip: np.ndarray, fail_at: int | None = None, made_ahead: bool = False) -> None:
+        self.clip = clip
+        self.fail_at = fail_at
+        self.made_ahead = made_ahead
+        """Chunks keep coming after stop, as from a remote backend that generated ahead."""
+        self.stopped: list[str] = []
+        self.made = 0
+        self.open_sessions: set[str] = set()
+
+    def open(self, request) -> str:
+        self.open_sessions.add("s")
+        return "s"
+
+    def chunks(self, session_id):
+        bounds = [0, 5, *range(13, len(self.clip), 8), len(self.clip)]
+        try:
+            for index, (a, b) in enumerate(zip(bounds, bounds[1:])):
+                if session_id in self.stopped and not self.made_ahead:
+                    return
+                if index == self.fail_at:
+                    raise InputError("the model cannot do that")
+                self.made += 1
+                drift = DriftMeasures(0.1 * index, 0.01, False, 0.5, index % 2 == 0)
+                metrics = ChunkMetrics(0.01, 0.01, 0.02, (b - a) / FPS, 25.0, [], drift)
+                yield VideoChunk(index, a, a / FPS, self.clip[a:b], PROMPT, metrics)
+        finally:
+            self.open_sessions.discard(session_id)
+
+    def change_prompt(self, session_id, prompt):
+        pass
+
+    def stop(self, session_id):
+        self.stopped.append(session_id)
+
+
+def test_segments_are_whole_seconds_on_keyframes_with_continuous_time(tmp_path):
+    clip = flat_colour_clip(45)
+    backend = FakeBackend(clip)
+    updates, seen = [], []
+    for update in live_stream(backend, "s", tmp_path, FPS, max_lead=None, planned_seconds=45 / FPS):
+        updates.append(update)
+        if update.segment is not None:
+            assert update.segment.is_file()  # still there while the consumer reads it
+            seen.append((update.segment, update.segment.read_bytes()))
+    assert [u.done for u in updates] == [False, False, True] and not updates[-1].stopped
+    assert all(not path.exists() for path, _ in seen[:-1])  # taken, then deleted
+    for k, (_, data) in enumerate(seen):
+        (tmp_path / f"copy{k}.ts").write_bytes(data)
+        info = probe_video(data)
+        assert info["frames"] == (16 if k < 2 else 13) and info["fps"] == FPS
+        times_keys = packets(tmp_path / f"copy{k}.ts")
+        assert times_keys[0] == (Fraction(16 * k, FPS), True)  # opens on a keyframe, at its place
+        assert not any(key for _, key in times_keys[1:])
+    joined = b"".join(data for _, data in seen)
+    frames, _ = read_video(joined)
+    assert len(frames) == 45 and max_error(frames, clip) <= FLAT_TOLERANCE
+    mp4, _ = read_video(updates[-1].video)
+    assert updates[-1].video.name == "video.mp4" and len(mp4) == 45
+    stats = updates[-1].stats
+    assert stats.chunks == 6 and stats.frames == 45 and stats.video_seconds == 45 / FPS
+    assert stats.frames_per_second > 0 and stats.real_time_factor == pytest.approx(
+        stats.frames_per_second / FPS
+    )
+    assert [row for row in stats.drift if row[0] == 2] == [
+        (2, "stats_distance", 0.2),
+        (2, "change_energy", 0.01),
+    ] + [(2, "repetition", 0.5)]
+    assert backend.open_sessions == set() and backend.stopped == ["s"]
+
+
+def test_recorder_refuses_segments_under_a_second(tmp_path):
+    with pytest.raises(ValueError, match="at least 1 s"):
+        LiveRecorder(tmp_path, FPS, segment_seconds=0.5)
+
+
+class FakeTime:
+    """A clock and a stop switch whose waits advance the clock instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.waited = 0.0
+        self._set = False
+
+    def __call__(self) -> float:
+        return self.now
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+
+    def wait(self, timeout: float) -> bool:
+        self.now += timeout
+        self.waited += timeout
+        return self._set
+
+
+def test_generation_stays_within_the_lead_of_playback(tmp_path):
+    fake = FakeTime()
+    backend = FakeBackend(flat_colour_clip(16 * 8))
+    leads = []
+    streamed = 0
+    for update in live_stream(backend, "s", tmp_path, FPS, max_lead=2.0, stop_event=fake, clock=fake):
+        if update.segment is not None:
+            streamed += 1
+            leads.append(streamed - fake.now)  # playback starts with the first segment, at time 0
+    # without pacing the fake clock would not move: the whole clip would be 8 s ahead; paced, the
+    # last pull (which finds the end) happens when playback is within 2 s of the 8 s made
+    assert fake.waited == pytest.approx(8 - 2, abs=0.3)
+    assert max(leads) <= 2.0 + 1 + 1e-6  # at most the lead, plus the segment just completed
+
+
+def test_stop_ends_within_one_chunk_and_frees_the_session(tiny_sessions, tmp_path):
+    session_id = tiny_sessions.open(GenerationRequest(prompt=PROMPT, seed=0))  # until stopped
+    stop = threading.Event()
+    updates = []
+    for update in live_stream(tiny_sessions, session_id, tmp_path, FPS, max_lead=None, stop_event=stop):
+        updates.append(update)
+        if len(updates) == 2:
+            chunks_at_stop = update.stats.chunks
+            stop.set()
+    last = updates[-1]
+    assert last.done and last.stopped and last.stats.chunks <= chunks_at_stop + 1
+    assert len(read_video(last.video)[0]) == last.stats.frames
+    assert tiny_sessions.active == 0  # generator closed, cache freed
+
+
+def test_a_consumer_that_goes_away_stops_the_session_and_drops_the_mp4(tiny_sessions, tmp_path):
+    session_id = tiny_sessions.open(GenerationRequest(prompt=PROMPT, seed=0))
+    stream = live_stream(tiny_sessions, session_id, tmp_path, FPS, max_lead=None)
+    first = next(stream)
+    assert first.segment is not None and tiny_sessions.active == 1
+    stream.close()  # what Gradio does when the browser disconnects
+    assert tiny_sessions.active == 0
+    assert not list(tmp_path.glob("*.mp4")) and not list(tmp_path.glob(".*mp4*"))
+
+
+def test_an_error_in_generation_stops_the_session(tmp_path):
+    backend = FakeBackend(flat_colour_clip(64), fail_at=3)
+    stream = live_stream(backend, "s", tmp_path, FPS, max_lead=None)
+    with pytest.raises(InputError, match="cannot do that"):
+        list(stream)
+    assert backend.stopped == ["s"] and backend.open_sessions == set() and backend.made == 3
+    assert not list(tmp_path.glob("*.mp4"))
+
+
+def test_stop_takes_no_chunk_a_remote_backend_made_ahead(tmp_path):
+    backend = FakeBackend(flat_colour_clip(64), made_ahead=True)
+    stop = threading.Event()
+    updates = []
+    for update in live_stream(backend, "s", tmp_path, FPS, max_lead=None, stop_event=stop):
+        updates.append(update)
+        stop.set()  # at the first segment, made of chunks 0-2
+    assert updates[-1].stopped and updates[-1].stats.chunks == 3 and backend.made == 3
+    assert len(read_video(updates[-1].video)[0]) == 21 and backend.open_sessions == set()

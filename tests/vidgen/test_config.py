@@ -1,0 +1,57 @@
+"""Typed configs: presets load, unknown keys are named, values are validated with a useful message."""
+
+import pytest
+
+from vidgen.config import ConfigError, VidgenConfig, load_config, preset_names
+
+
+def test_presets_load_and_round_trip(tmp_path):
+    assert {"default", "wan2.1-t2v-1.3b-causal"} <= set(preset_names())
+    for name in preset_names():
+        config = load_config(name)
+        path = tmp_path / f"{name}.toml"
+        path.write_text(config.to_toml())
+        assert load_config(path) == config
+
+
+def test_wan_preset_matches_the_causal_systems():
+    wan = load_config("wan2.1-t2v-1.3b-causal")
+    assert (wan.generation.chunk_frames, wan.generation.num_inference_steps) == (3, 4)
+    assert wan.model.text_encoder == "umt5" and wan.model.vae == "wan"
+    assert wan.generation.sink_frames % 3 == 0 and wan.generation.window_frames % 3 == 0
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"generation": {"windw": 4}}, "unknown key 'windw'"),
+        ({"render": {}}, "unknown table [render]"),
+        ({"generation": {"fps": "fast"}}, "generation.fps must be int"),
+        ({"generation": {"window_frames": 3}}, "multiple of chunk_frames"),
+        ({"generation": {"sampler": "ddim"}}, "generation.sampler='ddim' is not one of"),
+        ({"generation": {"addnoise_condition": 1.5}}, "addnoise_condition"),
+        ({"generation": {"sink_frames": 0, "window_frames": 0}}, "sink_frames + window_frames"),
+        ({"drift": {"anchor_strength": 2}}, "anchor_strength"),
+        ({"runtime": {"attention_backend": "magic"}}, "attention_backend"),
+        ({"model": {"vae": "sd"}}, "model.vae"),
+    ],
+)
+def test_bad_values_are_named(data, message):
+    with pytest.raises(ConfigError) as err:
+        VidgenConfig.from_dict(data, "test.toml")
+    assert message in str(err.value)
+
+
+def test_overrides_and_files(tmp_path):
+    config = load_config("default", **{"generation.window_frames": 8, "drift.anchor_stats": False})
+    assert config.generation.window_frames == 8 and not config.drift.anchor_stats
+    with pytest.raises(ConfigError, match="table.key"):
+        config.replace(window_frames=4)
+    with pytest.raises(ConfigError, match="unknown preset"):
+        load_config("no-such-preset")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[generation\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml")

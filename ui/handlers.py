@@ -1,0 +1,228 @@
+"""What the page's buttons do: generate (a stream of updates), change the prompt, stop.
+
+:class:`LiveHandlers` holds the server-wide pieces (the session backend, the model's limits, the
+server's folder, the stream settings) and the stop switches of the runs in progress; everything
+about one browser tab is in its ``gr.State``, which holds the id of the session it is playing.
+Bad input raises ``gr.Error`` with the message of a :class:`~vidgen.ui.form.FormError` or
+:class:`~vidgen.pipelines.InputError`; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from vidgen.config import ConfigError
+from vidgen.pipelines import InputError
+from vidgen.pipelines.session import GenerationRequest, ModelInfo, SessionBackend
+from vidgen.ui.files import ServerFiles
+from vidgen.ui.form import Form, FormError, build_request
+from vidgen.ui.live import LiveStats, LiveUpdate, live_stream, stop_session
+
+logger = logging.getLogger("vidgen.ui")
+
+
+@dataclass
+class StreamSettings:
+    segment_seconds: float = 1.0
+    """Length of each stream segment (>= 1 s)."""
+    max_lead: float = 3.0
+    """Seconds of video generation may run ahead of the stream (0: no limit)."""
+
+
+def drift_table(stats: LiveStats | None):
+    """The drift plot's data, one row per (chunk, measure); None before the first measures
+    (Gradio's LinePlot draws no lines at all after starting from an empty table)."""
+    import pandas as pd
+
+    rows = list(stats.drift) if stats is not None else []
+    if not rows:
+        return None
+    chunk, measure, value = zip(*rows)
+    return pd.DataFrame(
+        {
+            "chunk": pd.Series(chunk, dtype="int64"),
+            "measure": pd.Series(measure, dtype="str"),
+            "value": pd.Series(value, dtype="float64"),
+        }
+    )
+
+
+def describe(stats: LiveStats, update: LiveUpdate | None = None, seed: int | None = None) -> str:
+    """The status line under the video."""
+    if update is not None and update.done:
+        verb = "Stopped" if update.stopped else "Done"
+        text = f"**{verb}**: {stats.video_seconds:.1f} s of video in {stats.chunks} chunks."
+        return text + (" Download the MP4 below." if update.video is not None else "")
+    text = f"**Streaming** {stats.video_seconds:.1f} s, chunk {stats.chunks}: *{stats.prompt}*"
+    notes = [a.replace("_", " ") for a in stats.actions]
+    if stats.frozen:
+        notes.append("frozen")
+    if notes:
+        text += f" ({', '.join(notes)})"
+    if seed is not None:
+        text += f" - seed {seed}"
+    return text
+
+
+class LiveHandlers:
+    """The event handlers of one page, shared by all its browser sessions."""
+
+    def __init__(
+        self,
+        backend: SessionBackend,
+        info: ModelInfo,
+        files: ServerFiles,
+        settings: StreamSettings | None = None,
+    ) -> None:
+        self.backend = backend
+        self.info = info
+        self.files = files
+        self.settings = settings or StreamSettings()
+        self._stops: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    # -------------------------------------------------------------- generate
+    def generate(
+        self,
+        prompt: str,
+        storyboard: Any,
+        seconds: float | None,
+        until_stopped: bool,
+        seed: float | None,
+        height: float | None,
+        width: float | None,
+        steps: float | None,
+        window_frames: float | None,
+        sink_frames: float | None,
+        anchor_stats: bool | None,
+        recache_every: float | None,
+        context_noise: float | None,
+        attention_backend: str | None,
+        session_id: str | None = None,
+    ) -> Iterator[tuple]:
+        """Streams a new video. Yields ``(video segment, frames per second, real-time factor,
+        chunks, drift table, MP4, status, session id)`` once at the start and then once per
+        segment; the last update carries the MP4."""
+        if session_id:
+            self.stop(session_id)  # one stream per browser tab
+        form = Form(
+            prompt=prompt,
+            storyboard=storyboard,
+            seconds=seconds,
+            until_stopped=bool(until_stopped),
+            seed=seed,
+            height=height,
+            width=width,
+            steps=steps,
+            window_frames=window_frames,
+            sink_frames=sink_frames,
+            anchor_stats=anchor_stats,
+            recache_every=recache_every,
+            context_noise=context_noise,
+            attention_backend=attention_backend,
+        )
+        try:
+            request, warnings = build_request(form, self.info)
+        except FormError as err:
+            raise gr.Error(str(err), title="Check the form") from None
+        for warning in warnings:
+            gr.Warning(warning)
+        yield from self._stream(request)
+
+    def _stream(self, request: GenerationRequest) -> Iterator[tuple]:
+        try:
+            session_id = self.backend.open(request)
+        except (InputError, ConfigError) as err:
+            raise gr.Error(str(err), title="Cannot generate this") from None
+        folder = self.files.new_run()
+        stop_event = threading.Event()
+        with self._lock:
+            self._stops[session_id] = stop_event
+        updates = None
+        completed = False
+        try:
+            yield (gr.skip(), 0.0, 0.0, 0, None, None, "Starting...", session_id)
+            updates = live_stream(
+                self.backend,
+                session_id,
+                folder,
+                self.info.fps,
+                segment_seconds=self.settings.segment_seconds,
+                max_lead=self.settings.max_lead,
+                stop_event=stop_event,
+                planned_seconds=request.seconds,
+            )
+            for update in updates:
+                stats = update.stats
+                video = str(update.segment) if update.segment is not None else gr.skip()
+                download = str(update.video) if update.video is not None else gr.skip()
+                yield (
+                    video,
+                    round(stats.frames_per_second, 1),
+                    round(stats.real_time_factor, 2),
+                    stats.chunks,
+                    gr.skip() if not stats.drift else drift_table(stats),
+                    download,
+                    describe(stats, update, request.seed),
+                    session_id,
+                )
+            completed = True
+        except (InputError, ConfigError) as err:
+            raise gr.Error(str(err), title="Cannot generate this") from None
+        except gr.Error:
+            raise
+        except Exception as err:
+            logger.exception("generation %s failed", session_id)
+            raise gr.Error(f"generation failed: {err}") from None
+        finally:
+            # also reached when the client goes away: Gradio closes this generator
+            with self._lock:
+                self._stops.pop(session_id, None)
+            if updates is not None:
+                updates.close()  # stops the session, closes its chunks, drops a partial MP4
+            stop_session(self.backend, session_id)
+            self.files.release(folder, delete=not completed)
+
+    # -------------------------------------------------------------- while it plays
+    def change_prompt(self, new_prompt: str, session_id: str | None = None) -> str:
+        """Applies ``new_prompt`` from the next chunk of the tab's stream; returns the status line.
+
+        Runs outside the queue (it must not wait behind generations), where Gradio shows no
+        toasts, so what went wrong is said in the status line."""
+        text = (new_prompt or "").strip()
+        if not text:
+            return "**Type the new prompt first.**"
+        if not self.running(session_id):
+            return "**Nothing is being generated**: press Generate first."
+        try:
+            self.backend.change_prompt(session_id, text)
+        except KeyError:  # the session ended meanwhile
+            return "**The video has already ended**: press Generate to start a new one."
+        return f"Prompt changes to *{text}* from the next chunk."
+
+    def stop(self, session_id: str | None = None) -> str:
+        """Ends the tab's stream before its next chunk; its cache is freed when it ends."""
+        if not session_id:
+            return gr.skip()
+        with self._lock:
+            event = self._stops.get(session_id)
+        if event is not None:
+            event.set()  # wakes the stream if it is waiting for playback
+        if not stop_session(self.backend, session_id) and event is None:
+            return "**Could not reach the video's session**; it ends when its page closes."
+        return "Stopping after the current chunk..." if event is not None else gr.skip()
+
+    def stop_quietly(self, session_id: str | None) -> None:
+        """``gr.State``'s delete callback: the tab is gone, so is its stream."""
+        if session_id:
+            self.stop(session_id)
+
+    def running(self, session_id: str | None) -> bool:
+        with self._lock:
+            return bool(session_id) and session_id in self._stops

@@ -1,0 +1,198 @@
+"""From a session's chunks to what the page plays: stream segments, live figures, the final MP4.
+
+:func:`live_stream` reads a session of any :class:`~vidgen.pipelines.session.SessionBackend`
+and yields a :class:`LiveUpdate` for each MPEG-TS segment completed. Segments have one fixed
+length (one second by default), each opens on a keyframe and carries its place in the whole
+stream's timeline, so the player appends them without stutter; the last may be shorter. Every
+frame also goes into an MP4 that is offered for download at the end.
+
+Generation is paced: it runs at most ``max_lead`` seconds of video ahead of what has been
+streamed, counting from the first segment, so a prompt change shows within that lead rather than
+after everything a fast model has made in advance. Plain Python (no Gradio).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vidgen.pipelines import VideoChunk
+from vidgen.pipelines.session import SessionBackend
+from vidgen.video import Mp4Writer, SegmentWriter
+
+logger = logging.getLogger("vidgen.ui")
+
+DRIFT_MEASURES = ("stats_distance", "change_energy", "repetition")
+"""The per-chunk drift measures plotted (see ``vidgen.pipelines.drift.DriftMeasures``)."""
+
+
+@dataclass
+class LiveStats:
+    """Figures of one generation so far."""
+
+    fps: float
+    """Frame rate of the video."""
+    chunks: int = 0
+    frames: int = 0
+    busy_seconds: float = 0.0
+    """Wall time spent making chunks (waits for playback not counted)."""
+    prompt: str = ""
+    """Prompt of the latest chunk."""
+    actions: list[str] = field(default_factory=list)
+    """Drift actions of the latest chunk (re-cache, anchor correction, ...)."""
+    frozen: bool = False
+    drift: deque = field(default_factory=lambda: deque(maxlen=240))
+    """``(chunk, measure, value)`` rows of the most recent chunks, for the plot."""
+
+    @property
+    def video_seconds(self) -> float:
+        return self.frames / self.fps
+
+    @property
+    def frames_per_second(self) -> float:
+        """Frames generated per second of generation time."""
+        return self.frames / self.busy_seconds if self.busy_seconds > 0 else 0.0
+
+    @property
+    def real_time_factor(self) -> float:
+        """Seconds of video made per second of generation time (above 1: faster than playback)."""
+        return self.video_seconds / self.busy_seconds if self.busy_seconds > 0 else 0.0
+
+    def add(self, chunk: VideoChunk, busy_seconds: float) -> None:
+        self.chunks += 1
+        self.frames += len(chunk.frames)
+        self.busy_seconds += busy_seconds
+        self.prompt = chunk.prompt
+        self.actions = list(chunk.metrics.actions)
+        drift = chunk.metrics.drift
+        if drift is not None:
+            self.frozen = drift.frozen
+            for name in DRIFT_MEASURES:
+                value = float(getattr(drift, name))
+                if math.isfinite(value):
+                    self.drift.append((chunk.index, name, value))
+
+
+@dataclass
+class LiveUpdate:
+    segment: Path | None
+    """A completed MPEG-TS segment (None on an update that completes none)."""
+    stats: LiveStats
+    video: Path | None = None
+    """The whole video as an MP4, on the last update."""
+    done: bool = False
+    stopped: bool = False
+    """The session ended before its planned length (stopped, or it had none)."""
+
+
+class LiveRecorder:
+    """Cuts frames into stream segments and writes them to ``folder/video.mp4`` too."""
+
+    def __init__(self, folder: Path, fps: int, segment_seconds: float = 1.0) -> None:
+        if segment_seconds < 1:
+            raise ValueError(f"stream segments must last at least 1 s, got {segment_seconds}")
+        self.folder = Path(folder)
+        self.segments = SegmentWriter(self.folder, fps, segment_frames=math.ceil(segment_seconds * fps))
+        self.mp4 = Mp4Writer(self.folder / "video.mp4", fps)
+
+    def add(self, frames) -> list[Path]:
+        if len(frames) == 0:
+            return []
+        self.mp4.write(frames)
+        return self.segments.write(frames)
+
+    def finish(self) -> tuple[list[Path], Path | None]:
+        """The last (shorter) segment if any, and the MP4 (None when no frame was made)."""
+        last = self.segments.flush()
+        if self.segments.frames_written == 0:
+            self.mp4.abort()
+            return last, None
+        return last, self.mp4.close()
+
+    def abort(self) -> None:
+        self.mp4.abort()
+
+
+def live_stream(
+    backend: SessionBackend,
+    session_id: str,
+    folder: Path,
+    fps: int,
+    *,
+    segment_seconds: float = 1.0,
+    max_lead: float | None = 3.0,
+    stop_event: threading.Event | None = None,
+    planned_seconds: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[LiveUpdate]:
+    """Yields one :class:`LiveUpdate` per completed segment, then a last one with the MP4.
+
+    The session is stopped (its cache freed) however the iteration ends: at its planned length,
+    after ``backend.stop``/``stop_event``, on an error, or when the consumer closes this
+    generator (a client that went away). Each segment file is deleted once the consumer asks for
+    the next update (a streaming player has taken it by then). ``max_lead`` None or 0: no pacing.
+    """
+    stop_event = stop_event or threading.Event()
+    stats = LiveStats(fps=float(fps))
+    recorder = LiveRecorder(folder, fps, segment_seconds)
+    try:
+        chunks = backend.chunks(session_id)
+    except KeyError:  # SessionNotFound: stopped, and so closed, before its first chunk
+        chunks = iter(())
+    started_playing: float | None = None
+    streamed = 0.0  # seconds of video in the segments handed out
+    finished = False
+    try:
+        while True:
+            if max_lead and started_playing is not None:
+                # wait until playback is within max_lead of the video made
+                while not stop_event.is_set():
+                    ahead = streamed - (clock() - started_playing)
+                    if ahead <= max_lead:
+                        break
+                    stop_event.wait(min(ahead - max_lead, 0.25))
+            if stop_event.is_set():
+                # no further chunk is taken, even one a remote backend made ahead: the video ends
+                # with the chunk that was being made when Stop came
+                stop_session(backend, session_id)
+                break
+            t0 = time.perf_counter()
+            chunk = next(chunks, None)
+            if chunk is None:
+                break
+            stats.add(chunk, time.perf_counter() - t0)
+            for segment in recorder.add(chunk.frames):
+                if started_playing is None:
+                    started_playing = clock()
+                streamed += recorder.segments.segment_frames / fps  # only the last one is shorter
+                yield LiveUpdate(segment, stats)
+                segment.unlink(missing_ok=True)
+        last, video = recorder.finish()
+        finished = True
+        stopped = planned_seconds is None or stats.video_seconds < planned_seconds - 0.5 / fps
+        for segment in last[:-1]:
+            yield LiveUpdate(segment, stats)
+        yield LiveUpdate(last[-1] if last else None, stats, video=video, done=True, stopped=stopped)
+    finally:
+        stop_session(backend, session_id)
+        if not finished:
+            recorder.abort()
+        if hasattr(chunks, "close"):
+            chunks.close()
+
+
+def stop_session(backend: SessionBackend, session_id: str) -> bool:
+    """``backend.stop`` for clean-up paths: a failure (a remote backend gone) is logged, not raised,
+    so it cannot hide what ended the stream. Returns whether the stop went through."""
+    try:
+        backend.stop(session_id)
+        return True
+    except Exception:
+        logger.exception("could not stop session %s", session_id)
+        return False

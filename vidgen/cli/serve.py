@@ -1,0 +1,53 @@
+"""``vidgen serve``: the Gradio streaming page (see ``vidgen.ui.app`` for the page and its API)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(name, help="serve the live video generation page (Gradio)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--model", help="a local pipeline folder or preset (default: the embedded model)")
+    p.add_argument("--config", help="a preset name or TOML file")
+    p.add_argument(
+        "--backend",
+        choices=["local", "ray"],
+        default="local",
+        help="where videos are generated: this process (local) or Ray Serve replicas (ray)",
+    )
+    p.add_argument("--concurrency", type=int, default=1, help="videos generated at the same time (default 1)")
+    p.add_argument(
+        "--queue-size",
+        type=int,
+        default=8,
+        help="requests that may wait for a free slot; beyond that the page says it is busy (default 8)",
+    )
+    p.add_argument(
+        "--file-ttl",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="how long finished videos are kept for download (default 3600)",
+    )
+    p.add_argument(
+        "--segment-seconds",
+        type=float,
+        default=1.0,
+        help="length of each stream segment, at least 1 (default 1)",
+    )
+    p.add_argument(
+        "--max-lead",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="how far generation may run ahead of the stream, so prompt changes show soon (0: no limit)",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vidgen.ui.app import main
+
+    return main(args)
