@@ -240,7 +240,7 @@ def run_batch(
 
     def take() -> BatchJob | None:
         with lock:
-            return queue.popleft() if queue else None
+            return queue.popleft() if queue and not stopping.is_set() else None
 
     def finish(outcome: JobOutcome) -> None:
         with lock:
@@ -249,8 +249,8 @@ def run_batch(
     def work(replica: Replica) -> None:
         try:
             replica.start()
-        except WorkerLost as err:
-            print(f"vidgen render: replica {replica.index} could not start: {err}", file=sys.stderr)
+        except Exception as err:  # a dead worker, or the model failing to load: this replica is out
+            start_errors.append(f"replica {replica.index} could not start: {err}")
             return
         while (batch_job := take()) is not None:
             batch_job.attempts += 1
@@ -269,6 +269,8 @@ def run_batch(
                     on_chunk=lambda chunk, b=batch_job: emit(BatchEvent("chunk", b, replica, chunk)),
                 )
             except WorkerLost as err:
+                if stopping.is_set():
+                    return
                 emit(BatchEvent("restart", batch_job, replica))
                 with lock:
                     if batch_job.attempts <= max_restarts:
@@ -279,13 +281,13 @@ def run_batch(
                         )
                 try:
                     replica.restart()
-                except WorkerLost as restart_err:
-                    print(f"vidgen render: replica {replica.index} lost: {restart_err}", file=sys.stderr)
+                except Exception as restart_err:
+                    start_errors.append(f"replica {replica.index} lost: {restart_err}")
                     return
                 continue
-            except user_errors() as err:
+            except Exception as err:  # this job's own error (a bad request, a full disk): the next job
                 outcome = JobOutcome(
-                    batch_job.number, batch_job.out, "failed", replicas=worked_on, error=str(err)
+                    batch_job.number, batch_job.out, "failed", replicas=worked_on, error=f"{err}"
                 )
             else:
                 outcome = JobOutcome(
@@ -300,20 +302,25 @@ def run_batch(
             emit(BatchEvent("end", batch_job, replica, outcome=outcome))
 
     outcomes_by_job: dict[int, list[int]] = {}
-    threads = [threading.Thread(target=work, args=(r,), name=f"vidgen-replica-{r.index}") for r in replicas]
+    start_errors: list[str] = []
+    stopping = threading.Event()
+    threads = [
+        threading.Thread(target=work, args=(r,), name=f"vidgen-replica-{r.index}", daemon=True)
+        for r in replicas
+    ]
     try:
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
     finally:
+        stopping.set()  # interrupted: the threads see their workers go and stop
         for replica in replicas:
             replica.stop()
         placement.remove()
+    reason = "; ".join(start_errors) or "no replica was left to run it"
     for job in jobs:  # jobs left when every replica was lost
-        outcomes.setdefault(
-            job.number, JobOutcome(job.number, job.out, "failed", error="not run: every replica was lost")
-        )
+        outcomes.setdefault(job.number, JobOutcome(job.number, job.out, "failed", error=f"not run: {reason}"))
     return [outcomes[j.number] for j in jobs]
 
 
@@ -400,6 +407,8 @@ def render_jobs(args: argparse.Namespace) -> int:
     try:
         if args.parallel != "ray":
             raise DegreeError("--jobs runs on Ray: add --parallel ray (and --replicas N)")
+        if getattr(args, "decode_worker", False):
+            raise DegreeError("--decode-worker applies to one video, not to --jobs")
         layout = check_layout(args.sp, args.replicas)
         jobs = read_jobs(args.jobs, args)
     except (JobFileError, *user_errors()) as err:

@@ -10,6 +10,11 @@ single-process render): a chunk is appended to the recording, then the state sav
 chunk is published as ``OUT.parts/state.safetensors``. So the folder always holds a state that
 matches its last recorded chunk, a worker that dies is replaced and continues from there, and an
 interrupted render can be finished with ``--resume``, with or without Ray.
+
+``--decode-worker`` (disaggregated decode): one more worker holds only the VAE. The ranks send each
+chunk's latents instead of frames and go on denoising the next chunk while that worker decodes it
+(``Replica.stream`` keeps the chunks in order). Its decoder state is snapshotted per chunk next to
+the ranks' states, so either side can die and the video still resumes seamlessly.
 """
 
 from __future__ import annotations
@@ -53,8 +58,11 @@ class RecordResult:
     restarts: int
 
 
-def resume_point(parts: Path, last_recorded: int, ranks: int = 1) -> tuple[list[str] | None, int]:
-    """The states to start from (one per rank) and the last chunk not to yield again.
+def resume_point(
+    parts: Path, last_recorded: int, ranks: int = 1, decoder: bool = False
+) -> tuple[list[str] | None, int]:
+    """The states to start from (one per rank, then the decode worker's) and the last chunk not to
+    yield again.
 
     The newest state saved at or before ``last_recorded``: a worker's snapshot, or the published
     ``state.safetensors`` (which a single-process render may have left). The chunks between it and
@@ -63,22 +71,24 @@ def resume_point(parts: Path, last_recorded: int, ranks: int = 1) -> tuple[list[
     """
     if last_recorded < 0:
         return None, -1
-    usable = {i: [str(p) for p in paths] for i, paths in snapshots(parts / WORK_DIR, ranks).items()}
+    found = snapshots(parts / WORK_DIR, ranks, decoder)
+    usable = {i: [str(p) for p in paths] for i, paths in found.items()}
     published = saved_chunk_index(parts / STATE_FILE) if (parts / STATE_FILE).is_file() else None
-    if ranks == 1 and published is not None:
+    if ranks == 1 and not decoder and published is not None:
         usable.setdefault(published, [str(parts / STATE_FILE)])
     best = max((i for i in usable if i <= last_recorded), default=None)
     return (usable[best] if best is not None else None), last_recorded
 
 
-def _publish_state(parts: Path, last_recorded: int, ranks: int) -> None:
+def _publish_state(parts: Path, last_recorded: int, ranks: int, decoder: bool) -> None:
     """Point ``state.safetensors`` at the newest snapshot covered by the recording (for a
-    single-process ``--resume``; sp = 1 only) and drop the snapshots older than it."""
-    found = snapshots(parts / WORK_DIR, ranks)
+    single-process ``--resume``; sp = 1 without a decode worker only: otherwise the state is in
+    several files) and drop the snapshots older than it."""
+    found = snapshots(parts / WORK_DIR, ranks, decoder)
     newest = max((i for i in found if i <= last_recorded), default=None)
     if newest is None:
         return
-    if ranks == 1:
+    if ranks == 1 and not decoder:
         link_atomically(found[newest][0], parts / STATE_FILE)
     for index, paths in found.items():
         if index < newest:
@@ -108,14 +118,15 @@ def record_video(
     while True:
         done = recording.completed_chunks()
         last = done[-1] if done else -1
-        start_states, skip_through = resume_point(parts, last, replica.sp)
+        split = replica.decoder is not None
+        start_states, skip_through = resume_point(parts, last, replica.sp, split)
         try:
             for chunk in replica.stream(job, parts / WORK_DIR, start_states, skip_through):
                 if chunk.index <= last:
                     continue
                 recording.append(chunk.index, chunk.frames)
                 last = chunk.index
-                _publish_state(parts, last, replica.sp)
+                _publish_state(parts, last, replica.sp, split)
                 if on_chunk is not None:
                     on_chunk(chunk)
             break
@@ -186,18 +197,26 @@ def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: P
     started = connect(getattr(args, "address", None))
     placement = replica = None
     try:
-        placement = place_workers(layout)
+        decode_worker = bool(getattr(args, "decode_worker", False))
+        placement = place_workers(layout, extra=int(decode_worker))
         replica = Replica(
-            0, spec_from_args(args), placement, layout.sp, parts / WORK_DIR, loopback=is_loopback_cluster()
+            0,
+            spec_from_args(args),
+            placement,
+            layout.sp,
+            parts / WORK_DIR,
+            loopback=is_loopback_cluster(),
+            decode_bundle=layout.world if decode_worker else None,
         )
         replica.start()
         fps = replica.fps
         job.num_frames = round(args.seconds * fps)
         if not args.quiet:
             unit = "GPU" if placement.gpu else "CPU"
+            decoding = " + a decode worker" if decode_worker else ""
             print(
                 f"vidgen render: seed {seed}, {args.seconds:g} s at {fps} fps -> {out} "
-                f"(Ray {started}, sp {layout.sp} on {layout.world} {unit} worker(s))",
+                f"(Ray {started}, sp {layout.sp} on {layout.world} {unit} worker(s){decoding})",
                 file=sys.stderr,
             )
         from vidgen.video import SegmentedRecording
@@ -207,13 +226,14 @@ def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: P
             (parts / "request.json").write_text(json.dumps({**request, "seed": seed}))
         initial = SegmentedRecording(parts, fps=fps).num_frames()
         progress = _Progress(job.num_frames, fps, initial, quiet=args.quiet)
+        rate = _RealTime(fps)
         try:
             result = record_video(
                 replica,
                 job,
                 parts,
                 out,
-                on_chunk=lambda c: progress.update(len(c.frames), c.metrics.real_time_factor),
+                on_chunk=lambda c: progress.update(len(c.frames), rate.add(len(c.frames))),
                 on_restart=lambda r, err: print(f"\nvidgen render: {err}; restarting", file=sys.stderr),
             )
         finally:
@@ -237,6 +257,21 @@ def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: P
         extra = f", {result.restarts} worker restart(s)" if result.restarts else ""
         print(f"vidgen render: wrote {out} ({result.frames} frames{extra})", file=sys.stderr)
     return 0
+
+
+class _RealTime:
+    """Video seconds recorded per wall second since the start (the driver's view, which also
+    holds when chunks are decoded away from the ranks)."""
+
+    def __init__(self, fps: int) -> None:
+        import time
+
+        self.clock = time.perf_counter
+        self.fps, self.frames, self.started = fps, 0, self.clock()
+
+    def add(self, frames: int) -> float:
+        self.frames += frames
+        return self.frames / self.fps / max(self.clock() - self.started, 1e-9)
 
 
 def _recorded_any(parts: Path) -> bool:

@@ -103,8 +103,8 @@ class SessionStore:
     # ------------------------------------------------------------------ opening
     def open(self, request: GenerationRequest) -> str:
         """Start a session (its first chunk is made when it is first read)."""
-        fps = self.pipe.config.replace(**request.overrides).generation.fps if request.overrides else None
-        fps = fps or self.pipe.config.generation.fps
+        config = self.pipe.config.replace(**request.overrides) if request.overrides else self.pipe.config
+        fps = config.generation.fps
         seed = (
             request.seed if request.seed is not None else int.from_bytes(uuid.uuid4().bytes[:4], "big") >> 1
         )
@@ -115,10 +115,10 @@ class SessionStore:
         )
         limit = round(request.seconds * fps) if request.seconds is not None else None
         record = SessionRecord(asdict(request), seed, board, limit)
+        # fail now on a bad request (InputError), not at the first chunk
+        self.pipe.plan(storyboard=board, num_frames=limit or fps, height=request.height, width=request.width)
         session_id = self.new_id()
         live = self._start(session_id, record, resume=False)
-        # fail now on a bad request, as LocalSessions does when its stream starts
-        self.pipe.plan(storyboard=board, num_frames=limit or fps, height=request.height, width=request.width)
         with self.lock:
             self.sessions[session_id] = live
         if self.persist_dir is not None:

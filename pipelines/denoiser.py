@@ -45,8 +45,10 @@ class ChunkDenoiser:
         rope_mode: RopePositionMode | str = RopePositionMode.ROLLING,
         context_noise: float = 0.0,
         chunk_frames: int = 1,
+        autocast: torch.dtype | None = None,
     ) -> None:
         self.model = model
+        self.autocast = autocast
         self.schedule = schedule
         self.rope_mode = RopePositionMode(rope_mode)
         self.context_noise = context_noise
@@ -72,7 +74,18 @@ class ChunkDenoiser:
         guided = conditioning.guided
         x = torch.cat([latents, latents]) if guided else latents
         sig = torch.cat([sigmas, sigmas]) if guided else sigmas
-        velocity = self.model(
+        with torch.autocast(
+            x.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None
+        ):
+            velocity = self._call_model(x, sig, conditioning, cache, frame_offset, update_cache, latents)
+        velocity = velocity.float()
+        if not guided:
+            return velocity
+        cond, uncond = velocity.chunk(2)
+        return uncond + conditioning.guidance_scale * (cond - uncond)
+
+    def _call_model(self, x, sig, conditioning, cache, frame_offset, update_cache, latents) -> torch.Tensor:
+        return self.model(
             x.to(self.model.dtype),
             timestep_of(sig).to(self.model.dtype),
             text_context=conditioning.batched(),
@@ -82,11 +95,7 @@ class ChunkDenoiser:
             rope_mode=self.rope_mode,
             attention_pattern=self._pattern(latents),
             return_dict=False,
-        )[0].float()
-        if not guided:
-            return velocity
-        cond, uncond = velocity.chunk(2)
-        return uncond + conditioning.guidance_scale * (cond - uncond)
+        )[0]
 
     @torch.no_grad()
     def denoise(

@@ -386,51 +386,55 @@ class LongVideoPipeline:
         seed = _seed_of(generator)
         run = _Run(self, config, latent_h, latent_w, guidance, seed, steps, decode=decode)
 
-        with attention_backend(config.runtime.attention_backend or None):
-            # 2. continuation: encode and prefill a clip or an image
-            prefix = self._prefix_latents(video, image, height, width)
-            planner = self._planner(
-                config, changes, steps, prefix_latents=prefix.shape[2] if prefix is not None else 0
-            )
-            resumed_from = -1
-            if resume and state_path is not None and Path(state_path).is_file():
-                resumed_from = run.load(state_path)
-            elif prefix is not None:
+        # the attention backend is entered per step, never held across a yield: a consumer may
+        # advance this generator from different threads (Gradio does)
+        backend = config.runtime.attention_backend or None
+        # 2. continuation: encode and prefill a clip or an image
+        prefix = self._prefix_latents(video, image, height, width)
+        planner = self._planner(
+            config, changes, steps, prefix_latents=prefix.shape[2] if prefix is not None else 0
+        )
+        resumed_from = -1
+        if resume and state_path is not None and Path(state_path).is_file():
+            resumed_from = run.load(state_path)
+        elif prefix is not None:
+            with attention_backend(backend):
                 run.prefill(prefix, planner, negative)
 
-            # 3. the plan, then chunk by chunk
-            started = time.perf_counter()
-            made_seconds = 0.0
-            for chunk in planner.chunks(num_frames):
-                if chunk.index <= resumed_from:
-                    continue
-                if control is not None and control.stopped:
-                    break
+        # 3. the plan, then chunk by chunk
+        started = time.perf_counter()
+        made_seconds = 0.0
+        for chunk in planner.chunks(num_frames):
+            if chunk.index <= resumed_from:
+                continue
+            if control is not None and control.stopped:
+                break
+            with attention_backend(backend):
                 out = run.make_chunk(chunk, negative, callback_on_step_end)
-                frames = out.frames
-                if num_frames is not None:
-                    frames = frames[: max(0, num_frames - chunk.frame_start)]
-                made_seconds += len(frames) / g.fps
-                elapsed = time.perf_counter() - started
-                out.metrics.video_seconds = len(frames) / g.fps
-                out.metrics.real_time_factor = made_seconds / max(elapsed, 1e-9)
-                yield VideoChunk(
-                    index=chunk.index,
-                    frame_start=chunk.frame_start,
-                    start_time=chunk.start_time,
-                    frames=frames,
-                    prompt=chunk.prompt,
-                    metrics=out.metrics,
-                    latents=out.latents if return_latents or not decode else None,
-                )
-                if state_path is not None:
-                    # saved once the consumer has taken the chunk: a consumer that records chunks
-                    # and is killed never finds a state ahead of its recording
-                    run.save(state_path, chunk.index)
-                new_prompt = control.take_prompt() if control is not None else None
-                if new_prompt and new_prompt.strip():
-                    # applies from the next chunk: the planner reads the storyboard as it goes
-                    planner.add_change(chunk.frame_end / g.fps, new_prompt.strip())
+            frames = out.frames
+            if num_frames is not None:
+                frames = frames[: max(0, num_frames - chunk.frame_start)]
+            made_seconds += len(frames) / g.fps
+            elapsed = time.perf_counter() - started
+            out.metrics.video_seconds = len(frames) / g.fps
+            out.metrics.real_time_factor = made_seconds / max(elapsed, 1e-9)
+            yield VideoChunk(
+                index=chunk.index,
+                frame_start=chunk.frame_start,
+                start_time=chunk.start_time,
+                frames=frames,
+                prompt=chunk.prompt,
+                metrics=out.metrics,
+                latents=out.latents if return_latents or not decode else None,
+            )
+            if state_path is not None:
+                # saved once the consumer has taken the chunk: a consumer that records chunks
+                # and is killed never finds a state ahead of its recording
+                run.save(state_path, chunk.index)
+            new_prompt = control.take_prompt() if control is not None else None
+            if new_prompt and new_prompt.strip():
+                # applies from the next chunk: the planner reads the storyboard as it goes
+                planner.add_change(chunk.frame_end / g.fps, new_prompt.strip())
 
     def __call__(
         self,
@@ -494,6 +498,27 @@ class LongVideoPipeline:
         return encode_video(self.vae, tensor)
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 in hardware (AVX-512 BF16 or AMX), from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
+def autocast_dtype(setting: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for ``runtime.autocast`` on ``device`` (None: off)."""
+    if setting == "off":
+        return None
+    if setting == "bfloat16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    return torch.bfloat16 if device.type == "cpu" and cpu_has_native_bf16() else None
+
+
 def _seed_of(generator: torch.Generator | int | None) -> int:
     if generator is None:
         return int(torch.randint(0, 2**31 - 1, (1,)).item())
@@ -550,6 +575,7 @@ class _Run:
             rope_mode=g.rope_mode,
             context_noise=g.addnoise_condition,
             chunk_frames=g.chunk_frames,
+            autocast=autocast_dtype(config.runtime.autocast, pipe.device),
         )
         self.history: dict[int, torch.Tensor] = {}  # latent frame -> (1, C, 1, h, w), the cached frames
         self.decoder = streaming_decoder(pipe.vae) if decode else None  # None: decoded elsewhere

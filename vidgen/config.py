@@ -48,6 +48,7 @@ GenerationMode = Literal["chunkwise", "diffusion_forcing"]
 SamplerName = Literal["euler", "x0_renoise"]
 RopeMode = Literal["absolute", "rolling"]
 Dtype = Literal["float32", "bfloat16", "float16"]
+Autocast = Literal["auto", "off", "bfloat16"]
 Device = Literal["auto", "cpu", "cuda"]
 
 
@@ -180,7 +181,10 @@ class RuntimeConfig:
 
     device: Device = "auto"
     dtype: Dtype = "float32"
-    """Transformer dtype (bfloat16 on GPUs; float32 on CPU)."""
+    """Transformer weights' dtype (bfloat16 on GPUs; float32 on CPU)."""
+    autocast: Autocast = "auto"
+    """Matmuls in bfloat16 with float32 weights: ``auto`` turns it on where the hardware computes
+    bfloat16 natively (CUDA; CPUs with AVX-512 BF16 or AMX: about 2x faster per step there)."""
     attention_backend: str = ""
     """Force an attention backend (sdpa, flex, flash, xformers); empty: automatic."""
     compile: bool = False
@@ -193,6 +197,7 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         _check_choice("runtime.device", self.device, get_args(Device))
         _check_choice("runtime.dtype", self.dtype, get_args(Dtype))
+        _check_choice("runtime.autocast", self.autocast, get_args(Autocast))
         _check_positive("runtime.threads", self.threads, allow_zero=True)
         if self.attention_backend:
             _check_choice(

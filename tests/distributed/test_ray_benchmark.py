@@ -47,7 +47,8 @@ def test_measured_sp2_traffic_matches_the_prediction(ray_cluster, tiny_model_dir
     ]
     assert main(argv) == 0
     measured = json.loads((tmp_path / "distributed.json").read_text())["measured"]
-    sp1, sp2 = measured["runs"]
-    assert sp1["bytes_sent_per_rank"] == [0]
+    sp1, sp2, split = measured["runs"]
+    assert sp1["bytes_sent_per_rank"] == [0] and not sp1["decode_worker"] and split["decode_worker"]
     per_chunk = [sent / sp2["chunks"] for sent in sp2["bytes_sent_per_rank"]]
     assert per_chunk == [measured["predicted_bytes_per_rank_per_chunk"]] * 2
+    assert 0.0 <= measured["decode_worker"]["decode_hidden"] <= 1.0

@@ -14,7 +14,7 @@ from vidgen.cli import build_parser, main
 from vidgen.distributed.ray_cluster import DegreeError, RayParallelism, place_workers
 from vidgen.distributed.ray_worker import WORK_DIR, PipelineSpec, VideoJob
 from vidgen.distributed.render import record_video
-from vidgen.distributed.replica import Replica, WorkerLost
+from vidgen.distributed.replica import BACKPRESSURE_CHUNKS, Replica, WorkerLost
 from vidgen.video import SegmentedRecording, read_video
 
 PROMPT = "a red circle moving left on a black background"
@@ -39,18 +39,24 @@ def _argv(model, out, *extra):
     ]
 
 
-@pytest.fixture(scope="module")
-def single_frames(tiny_model_dir, tmp_path_factory):
-    """The single-process render every Ray render must equal, frame for frame."""
-    out = tmp_path_factory.mktemp("single") / "single.mp4"
-    assert main(_argv(tiny_model_dir, out)) == 0
+def _single_process(model, folder, seconds: int) -> np.ndarray:
+    """The single-process render a Ray render must equal, frame for frame."""
+    out = folder / "single.mp4"
+    assert main([*_argv(model, out), "--seconds", str(seconds)]) == 0
     return read_video(out)[0]
 
 
-@pytest.mark.parametrize("sp", [1, 2])
-def test_ray_render_equals_single_process(ray_cluster, tiny_model_dir, single_frames, tmp_path, sp):
+@pytest.fixture(scope="module")
+def single_frames(tiny_model_dir, tmp_path_factory):
+    return _single_process(tiny_model_dir, tmp_path_factory.mktemp("single"), 2)
+
+
+@pytest.mark.parametrize(
+    "how", [["--sp", "1"], ["--sp", "2"], ["--decode-worker"]], ids=["sp1", "sp2", "decode"]
+)
+def test_ray_render_equals_single_process(ray_cluster, tiny_model_dir, single_frames, tmp_path, how):
     out = tmp_path / "ray.mp4"
-    assert main(_argv(tiny_model_dir, out, "--parallel", "ray", "--sp", str(sp))) == 0
+    assert main(_argv(tiny_model_dir, out, "--parallel", "ray", *how)) == 0
     frames, fps = read_video(out)
     assert fps == 16 and frames.shape == single_frames.shape == (32, 64, 64, 3)
     assert np.array_equal(frames, single_frames)
@@ -75,21 +81,52 @@ def test_killed_ray_render_is_finished_by_resume(ray_cluster, tiny_model_dir, si
     try:
         replica.start()
 
-        def kill_at_chunk_2(chunk):
-            if chunk.index == 2:
+        def kill_at_first_chunk(chunk):
+            # the worker may have made BACKPRESSURE_CHUNKS more by then: they are recorded too
+            if chunk.index == 0:
                 os.kill(replica.pids[0], signal.SIGKILL)
 
         job = VideoJob(prompt=PROMPT, seconds=2, seed=SEED, num_frames=32)
         with pytest.raises(WorkerLost):
-            record_video(replica, job, parts, out, max_restarts=0, on_chunk=kill_at_chunk_2)
+            record_video(replica, job, parts, out, max_restarts=0, on_chunk=kill_at_first_chunk)
     finally:
         replica.stop()
         placement.remove()
     recorded = SegmentedRecording(parts, fps=16).completed_chunks()
-    assert recorded[:3] == [0, 1, 2] and len(recorded) < 5 and not out.exists()
+    assert recorded == list(range(len(recorded))) and 1 <= len(recorded) <= 1 + BACKPRESSURE_CHUNKS < 5
+    assert not out.exists()
 
     assert main(_argv(tiny_model_dir, out, "--resume")) == 0
     assert np.array_equal(read_video(out)[0], single_frames)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", ["rank", "decoder"])
+def test_decode_worker_survives_a_kill_with_the_same_frames(ray_cluster, tiny_model_dir, tmp_path, victim):
+    """Ranks send latents, a separate worker decodes them (in order, while the ranks go on); a
+    killed rank or decoder is replaced and both resume from their snapshots of the same chunk."""
+    out, parts = tmp_path / "out.mp4", tmp_path / "out.mp4.parts"
+    placement = place_workers(RayParallelism(sp=1, replicas=1), extra=1)
+    replica = Replica(0, PipelineSpec(model=str(tiny_model_dir)), placement, 1, parts / WORK_DIR,
+                      loopback=True, decode_bundle=1)  # fmt: skip
+    killed = []
+
+    def kill_once(chunk):
+        assert len(chunk.frames) > 0 and chunk.latents is None
+        if chunk.index == 1 and not killed:
+            killed.append(replica.pids[0 if victim == "rank" else 1])
+            os.kill(killed[0], signal.SIGKILL)
+
+    try:
+        replica.start()
+        # 7 chunks: ranks and decoder are at most 2 + 2 chunks ahead of the recording at the kill
+        job = VideoJob(prompt=PROMPT, seconds=3, seed=SEED, num_frames=48)
+        result = record_video(replica, job, parts, out, on_chunk=kill_once)
+    finally:
+        replica.stop()
+        placement.remove()
+    assert killed and result.restarts == 1 and result.frames == 48
+    assert np.array_equal(read_video(out)[0], _single_process(tiny_model_dir, tmp_path, 3))
 
 
 def test_bad_degrees_are_clear_errors(ray_cluster, tiny_model_dir, tmp_path, capsys):

@@ -27,8 +27,7 @@ class FakeBackend:
     def __init__(self, clip: np.ndarray, fail_at: int | None = None, made_ahead: bool = False) -> None:
         self.clip = clip
         self.fail_at = fail_at
-        self.made_ahead = made_ahead
-        """Chunks keep coming after stop, as from a remote backend that generated ahead."""
+        self.made_ahead = made_ahead  # chunks keep coming after stop, as from a backend that ran ahead
         self.stopped: list[str] = []
         self.made = 0
         self.open_sessions: set[str] = set()

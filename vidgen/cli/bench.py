@@ -71,9 +71,68 @@ def _add_distributed_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="video length (default: 600 for the long video; 20 with --preset on a GPU, one chunk on CPU)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument(
+        "--model", default=None, help="pipeline folder (default: the embedded model, else a random one)"
+    )
+    parser.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="random weights: of the default model's architecture, or of --preset's size",
+    )
+    parser.add_argument(
+        "--compare-frames",
+        type=int,
+        default=257,
+        help="frames for the SkyReels-V2 comparison, rounded up to whole windows; 0 skips it (default: 257)",
+    )
+    parser.add_argument(
+        "--compare-size",
+        type=int,
+        default=64,
+        help="SkyReels-V2 comparison frame side in pixels (default: 64)",
+    )
+    parser.add_argument(
+        "--preset",
+        default=None,
+        choices=["wan2.1-t2v-1.3b-causal"],
+        help="instead: the throughput of the preset's model size on a CUDA GPU",
+    )
+    parser.add_argument(
+        "--allow-cpu",
+        action="store_true",
+        help="--preset on CPU: one chunk at 128x128, to test the code path",
+    )
+    parser.add_argument(
+        "--height", type=int, default=None, help="--preset frame height (default: the preset's)"
+    )
+    parser.add_argument(
+        "--width", type=int, default=None, help="--preset frame width (default: the preset's)"
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile each block's feed-forward (the first chunks compile)",
+    )
+    parser.add_argument(
+        "--attention-backend",
+        default=None,
+        choices=["sdpa", "flex", "flash", "xformers"],
+        help="force an attention backend (default: the best usable one)",
+    )
+
+
 _TARGETS = {
     # target -> (module with main(args), function adding its options)
     "attention": ("vidgen.attention.benchmark", _add_attention_options),
+    "pipeline": ("vidgen.pipelines.benchmark", _add_pipeline_options),
     "distributed": ("vidgen.distributed.benchmark", _add_distributed_options),
 }
 

@@ -1,10 +1,10 @@
 """``vidgen eval``: measure a model against the Shapes World evaluator, or judge an existing MP4.
 
-    vidgen eval --held-out 20 --seconds 10                 # adherence on unseen phrasings
-    vidgen eval --held-out 5 --long 10 --long-seconds 600  # plus 10-minute drift-free rollouts
-    vidgen eval --storyboards 10                           # prompt changes: latency
-    vidgen eval --prompts prompts.txt --ablate             # each drift correction switched off
-    vidgen eval --video out.mp4 --prompt "a red circle moving left on a black background"
+vidgen eval --held-out 20 --seconds 10                 # adherence on unseen phrasings
+vidgen eval --held-out 5 --long 10 --long-seconds 600  # plus 10-minute drift-free rollouts
+vidgen eval --storyboards 10                           # prompt changes: latency
+vidgen eval --prompts prompts.txt --ablate             # each drift correction switched off
+vidgen eval --video out.mp4 --prompt "a red circle moving left on a black background"
 """
 
 from __future__ import annotations
@@ -20,13 +20,17 @@ from vidgen.cli import UsageError
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(name, help="evaluate a model (or an MP4) with the Shapes World evaluator")
     p.add_argument("--prompts", help="file: one prompt per line, or a storyboard '0: ... | 4: ...'")
-    p.add_argument("--held-out", type=int, default=0, help="N random prompts in phrasings never used in training")
+    p.add_argument(
+        "--held-out", type=int, default=0, help="N random prompts in phrasings never used in training"
+    )
     p.add_argument("--storyboards", type=int, default=0, help="N random storyboards (2 changes each)")
     p.add_argument("--long", type=int, default=0, help="N long rollouts (held-out prompts) for drift")
     p.add_argument("--seconds", type=float, default=10.0, help="length of the short videos")
     p.add_argument("--long-seconds", type=float, default=600.0, help="length of the long rollouts")
     p.add_argument("--storyboard-seconds", type=float, default=12.0)
-    p.add_argument("--ablate", action="store_true", help="rerun the long rollouts with each drift correction off")
+    p.add_argument(
+        "--ablate", action="store_true", help="rerun the long rollouts with each drift correction off"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", help="a local pipeline folder or preset (default: the embedded model)")
     p.add_argument("--config", help="a preset name or TOML file")

@@ -49,6 +49,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--replicas", type=int, default=1, help="pipeline replicas rendering --jobs in parallel (Ray)"
     )
     p.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else a local one)")
+    p.add_argument(
+        "--decode-worker",
+        action="store_true",
+        help="with --parallel ray: decode frames on one more worker while the ranks denoise the next chunk",
+    )
     p.set_defaults(run=run)
 
 
@@ -150,14 +155,18 @@ def run(args: argparse.Namespace) -> int:
     parts = out.with_name(out.name + ".parts")
     request = _request(args)
     if parts.exists() and not args.resume:
-        raise UsageError(f"an interrupted render exists at {parts}: pass --resume to continue it, or delete it")
+        raise UsageError(
+            f"an interrupted render exists at {parts}: pass --resume to continue it, or delete it"
+        )
     resuming = args.resume and (parts / "request.json").is_file()
     if resuming:
         saved = json.loads((parts / "request.json").read_text())
         seed = saved.pop("seed")
         saved["storyboard"] = [tuple(e) for e in saved["storyboard"]] if saved["storyboard"] else None
         if saved != request:
-            raise UsageError(f"--resume: the arguments differ from the interrupted render's ({parts / 'request.json'})")
+            raise UsageError(
+                f"--resume: the arguments differ from the interrupted render's ({parts / 'request.json'})"
+            )
     else:
         seed = args.seed if args.seed is not None else int(time.time() * 1000) % (2**31 - 1)
 
@@ -169,7 +178,11 @@ def run(args: argparse.Namespace) -> int:
     pipe = load_pipeline(args)
     try:  # check the request before anything is written
         pipe.plan(
-            args.prompt, storyboard=request["storyboard"], seconds=args.seconds, height=args.height, width=args.width
+            args.prompt,
+            storyboard=request["storyboard"],
+            seconds=args.seconds,
+            height=args.height,
+            width=args.width,
         )
     except (InputError, ConfigError) as err:
         raise UsageError(str(err)) from None

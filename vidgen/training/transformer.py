@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -102,7 +103,9 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
 
     if kind == "transition":
         # one omission pattern for both captions: a direction left out of one is not a change
-        (_, previous), (_, text) = captions.storyboard_captions([(0.0, scene), (1.0, new)], rng, paraphrase=True)
+        (_, previous), (_, text) = captions.storyboard_captions(
+            [(0.0, scene), (1.0, new)], rng, paraphrase=True
+        )
     elif rng.random() < 0.2:
         text = previous = captions.caption(new)  # the canonical template
     else:
@@ -151,7 +154,7 @@ def _lr(config: TransformerTrainConfig, step: int) -> float:
 
 
 def diffusion_forcing_loss(
-    model: CausalWanTransformer,
+    model: CausalWanTransformer | Callable,
     latents: torch.Tensor,
     text: torch.Tensor,
     loss_chunks: torch.Tensor,
@@ -175,7 +178,8 @@ def diffusion_forcing_loss(
     noise = torch.randn(latents.shape, generator=generator)
     s = sigma_frames[:, None, :, None, None]
     noisy = (1 - s) * latents + s * noise
-    pattern = AttentionPattern.block_causal(model.frame_tokens(height, width), c)
+    c_p = config.model["patch_size"]
+    pattern = AttentionPattern.block_causal((height // c_p[1]) * (width // c_p[2]), c)
     pred = model(noisy, timestep_of(sigma_frames), text, attention_pattern=pattern, return_dict=False)[0]
     err = (pred.float() - (noise - latents)).square().mean(dim=(1, 3, 4))  # (B, F)
     weight = loss_chunks.repeat_interleave(c, dim=1).float()
@@ -208,6 +212,8 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         event="start", step=step, resumed=state is not None, params=sum(p.numel() for p in model.parameters())
     )
 
+    # inductor fuses the many small elementwise ops around the matmuls: ~1.7x per CPU step here
+    forward = torch.compile(model) if config.compile else model
     started = time.time()
     last_save = step
     running = []
@@ -224,7 +230,7 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         for group in optimizer.param_groups:
             group["lr"] = _lr(config, step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-            loss = diffusion_forcing_loss(model, latents, text, loss_chunks, config, generator)
+            loss = diffusion_forcing_loss(forward, latents, text, loss_chunks, config, generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -1,0 +1,171 @@
+"""``vidgen bench pipeline`` at tiny sizes: options, figures, JSON, plot, the CPU refusal. No speed is asserted."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from tests.tiny import save_tiny_pipeline
+from vidgen.cli import bench
+from vidgen.pipelines import benchmark, benchmark_preset, benchmark_skyreels
+
+PRESET = "wan2.1-t2v-1.3b-causal"
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="vidgen")
+    bench.add_parser(parser.add_subparsers(dest="command"), "bench")
+    return parser.parse_args(["bench", "pipeline", *argv])
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return str(save_tiny_pipeline(tmp_path_factory.mktemp("tiny") / "pipe"))
+
+
+def test_cli_options_and_defaults():
+    args = parse([])
+    assert args.seconds is None and args.model is None and args.preset is None
+    assert (args.compare_frames, args.compare_size, args.out_dir) == (257, 64, "outputs/bench")
+    args = parse(["--preset", PRESET, "--random-weights", "--allow-cpu", "--attention-backend", "sdpa"])
+    assert args.random_weights and args.allow_cpu and args.attention_backend == "sdpa"
+    with pytest.raises(SystemExit):
+        parse(["--attention-backend", "fastest"])
+
+
+def test_benchmark_reports_every_figure(tiny_model, tmp_path, capsys):
+    args = parse(
+        ["--model", tiny_model, "--seconds", "7", "--compare-frames", "60", "--compare-size", "32",
+         "--out-dir", str(tmp_path)]
+    )  # fmt: skip
+    assert benchmark.main(args) == 0
+    out = capsys.readouterr().out
+    result = json.loads((tmp_path / "pipeline.json").read_text())
+    assert (tmp_path / "pipeline.png").stat().st_size > 10_000
+
+    names = [f["name"] for f in result["figures"]]
+    for expected in (
+        "chunk time, chunks 10-14 / 3-7",
+        "peak memory growth, chunk 10 -> end",
+        "model load time",
+        "time to first frame",
+        "real-time factor",
+        "SkyReels-V2 DF, equal context / ours, wall time",
+    ):
+        assert any(name.startswith(expected) for name in names), expected
+        assert expected in out
+    for f in result["figures"]:
+        assert isinstance(f["value"], float) and f["value"] == f["value"]  # a number, not NaN
+        assert f["ok"] is None or f["target"]
+
+    # 7 s at 16 fps in chunks of 2 latent frames (8 video frames, 5 for the first)
+    rows = result["chunks"]
+    assert [r["index"] for r in rows] == list(range(15))
+    assert rows[-1]["video_end_s"] == pytest.approx(7.0)
+    cost = result["constant_cost"]
+    assert cost["early_chunks"] == [3, 4, 5, 6, 7] and cost["late_chunks"] == [10, 11, 12, 13, 14]
+    early = sorted(r["total_s"] for r in rows[3:8])[2]
+    late = sorted(r["total_s"] for r in rows[10:15])[2]
+    assert cost["ratio"] == pytest.approx(late / early)
+    assert cost["peak_rss_end_mib"] >= cost["peak_rss_base_mib"] > 0
+    speed = result["speed"]
+    assert speed["real_time_factor"] == pytest.approx(7.0 / rows[-1]["wall_s"])
+    assert 0 < speed["first_frame_s"] == rows[0]["wall_s"]
+
+    # 60 frames round up to 18 latent frames: SkyReels makes one window of 15, then one more
+    # chunk of 3 re-running the 12 before it; ours makes 6 chunks of 3 (4 steps + 1 cache write)
+    sky = result["skyreels"]
+    assert sky["num_frames"] == 69 and sky["same_network_max_abs_diff"] < 1e-4
+    ours, theirs = sky["rows"]["ours (KV cache)"], sky["rows"]["SkyReels-V2 DF, equal context"]
+    assert (ours["transformer_calls"], ours["latent_frames"], ours["frames"]) == (30, 90, 69)
+    assert (theirs["transformer_calls"], theirs["latent_frames"]) == (8, 120)
+    assert theirs["settings"] == {
+        "base_num_frames": 57,
+        "overlap_history": 45,
+        "causal_block_size": 3,
+        "ar_step": 0,
+    }
+    assert theirs["wall_ratio_vs_ours"] == pytest.approx(theirs["wall_s"] / ours["wall_s"])
+    assert "recommended stride" not in " ".join(sky["rows"])  # 69 frames: shorter than its 97
+
+
+def test_too_short_a_video_is_refused(tiny_model, tmp_path, capsys):
+    args = parse(
+        ["--model", tiny_model, "--seconds", "2", "--compare-frames", "0", "--out-dir", str(tmp_path)]
+    )
+    assert benchmark.main(args) == 2
+    assert "at least 13" in capsys.readouterr().out
+    assert not (tmp_path / "pipeline.json").exists()
+
+
+def test_windows_and_ratios_of_a_long_video():
+    rows = [
+        {"index": i, "total_s": 2.0 if i >= 498 else 1.0, "peak_rss_mib": 100.0 + (i >= 10), "rss_mib": 90.0}
+        for i in range(1200)
+    ]
+    cost = benchmark.constant_cost({"chunks": rows})
+    assert cost["early_chunks"] == [3, 4, 5, 6, 7] and cost["late_chunks"] == [498, 499, 500, 501, 502]
+    assert cost["ratio"] == 2.0
+    assert cost["memory_base_chunk"] == 10 and cost["peak_growth"] == 0.0 and cost["rss_growth"] == 0.0
+
+
+def test_memory_is_read():
+    current, peak = benchmark.memory_mib()
+    assert 0 < current <= peak
+
+
+@pytest.mark.parametrize(
+    ("requested", "expected"),
+    [(257, 261), (261, 261), (60, 69), (1, 69), (70, 81)],
+)
+def test_skyreels_frames_fill_whole_windows(requested, expected):
+    # base window 15 latent frames, then chunks of 3; 4 video frames per latent frame after the first
+    assert benchmark_skyreels.aligned_frames(requested, base_latents=15, chunk=3, t=4) == expected
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_preset_refuses_cpu(tmp_path, capsys):
+    args = parse(["--preset", PRESET, "--random-weights", "--out-dir", str(tmp_path)])
+    assert benchmark.main(args) == 2
+    out = capsys.readouterr().out
+    assert "needs a CUDA GPU" in out and "would take hours on CPU" in out and "--allow-cpu" in out
+    assert not list(tmp_path.iterdir())
+
+
+def test_preset_needs_weights(tmp_path, capsys):
+    assert benchmark.main(parse(["--preset", PRESET, "--out-dir", str(tmp_path)])) == 2
+    assert "--random-weights or --model" in capsys.readouterr().out
+
+
+def test_random_wan_transformer_keeps_float32_modules():
+    config = dict(benchmark_preset.WAN_1_3B, num_attention_heads=2, attention_head_dim=16, ffn_dim=32,
+                  num_layers=2, text_dim=24, freq_dim=16)  # fmt: skip
+    model = benchmark_preset.random_wan_transformer(torch.device("cpu"), torch.bfloat16, config=config)
+    dtypes = {name: p.dtype for name, p in model.named_parameters()}
+    assert dtypes["blocks.0.attn1.to_q.weight"] == torch.bfloat16
+    assert dtypes["blocks.0.scale_shift_table"] == dtypes["blocks.1.norm2.weight"] == torch.float32
+    assert dtypes["condition_embedder.time_embedder.linear_1.weight"] == torch.float32
+    assert torch.all(model.blocks[0].attn1.norm_q.weight == 1) and torch.all(model.proj_out.bias == 0)
+    assert 0.01 < float(model.blocks[0].ffn.net[2].weight.float().std()) < 0.03
+    x = torch.randn(1, 16, 2, 8, 8, dtype=torch.bfloat16)  # the denoiser casts to the model's dtype
+    with torch.no_grad():
+        out = model(x, torch.tensor([500.0], dtype=torch.bfloat16), torch.randn(1, 5, 24)).sample
+    assert out.shape == x.shape and torch.isfinite(out).all()
+
+
+@pytest.mark.slow
+def test_preset_on_cpu_with_allow_cpu(tmp_path, request):
+    """The whole Wan-1.3B-sized path, one chunk at 128x128 (about a minute on two cores)."""
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("slow: run with -m slow")
+    args = parse(["--preset", PRESET, "--random-weights", "--allow-cpu", "--out-dir", str(tmp_path)])
+    assert benchmark.main(args) == 0
+    result = json.loads((tmp_path / f"pipeline-{PRESET}.json").read_text())
+    c = result["config"]
+    assert not c["meaningful"] and (c["height"], c["width"], c["num_frames"]) == (128, 128, 9)
+    assert len(result["chunks"]) == 1 and result["chunks"][0]["frames"] == 9
+    assert all("NOT meaningful" in f["note"] for f in result["figures"])
+    assert (tmp_path / f"pipeline-{PRESET}.png").exists()
