@@ -274,12 +274,21 @@ def _predicted_bytes(model: str, sp: int) -> int | None:
     """``communication_volume`` for a steady chunk of the measured model (cache full)."""
     if sp == 1:
         return 0
+    import torch
+
     from vidgen.pipelines import LongVideoPipeline
 
     pipe = LongVideoPipeline.from_pretrained(model)
     g = pipe.config.generation
     latent_h, latent_w = pipe.latent_size(g.height, g.width)
     config = pipe.transformer.config
+    # what travels is in the dtype the blocks compute in: the autocast dtype when it is on
+    try:
+        from vidgen.pipelines.pipeline import autocast_dtype
+
+        compute = autocast_dtype(pipe.config.runtime.autocast, pipe.device) or pipe.transformer.dtype
+    except ImportError:
+        compute = pipe.transformer.dtype
     volume, _ = volume_per_rank(
         {
             k: getattr(config, k)
@@ -297,7 +306,7 @@ def _predicted_bytes(model: str, sp: int) -> int | None:
         g.sink_frames + g.window_frames,
         sp,
         "ulysses",
-        4,
+        torch.finfo(compute).bits // 8,
         g.num_inference_steps + 1,
     )
     return volume

@@ -24,7 +24,7 @@ from vidgen.config import load_config
 from vidgen.models import CausalWanTransformer
 from vidgen.pipelines.benchmark import PROMPT, apply_runtime_options, figure, machine_info, memory_mib
 from vidgen.pipelines.benchmark_skyreels import PromptEmbeddings
-from vidgen.pipelines.pipeline import InputError, LongVideoPipeline
+from vidgen.pipelines.pipeline import InputError, LongVideoPipeline, autocast_dtype
 from vidgen.pipelines.vae_stream import frames_of_latents
 
 PRESET_FPS_TARGET = 25.0
@@ -103,6 +103,7 @@ def preset_pipeline(args: argparse.Namespace, device: torch.device) -> tuple[Lon
 
 
 def run_preset(args: argparse.Namespace) -> dict:
+    """Stream one video with the preset's model size; returns the JSON-able result (see the module docstring)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_cpu = device.type == "cpu"
     pipe, build_s, model = preset_pipeline(args, device)
@@ -171,6 +172,7 @@ def run_preset(args: argparse.Namespace) -> dict:
             "model": model,
             "device": str(device),
             "dtype": "bfloat16",
+            "autocast": str(autocast_dtype(pipe.config.runtime.autocast, pipe.device) or "off"),
             "height": height,
             "width": width,
             "num_frames": num_frames,

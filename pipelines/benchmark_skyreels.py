@@ -13,10 +13,10 @@ and reports the difference. The comparison is therefore one network, two ways of
   again (as clean, not updated, frames) so that the new frames see them.
 
 Both make the same number of frames at the same resolution with the same number of sampler steps,
-without classifier-free guidance (``guidance_scale=1``: the distilled few-step preset runs without
-it), the same tiny random ``AutoencoderKLWan`` decoding everything, and prompt embeddings passed as
-tensors (no tokenizer or text encoder: ``tokenizer=None, text_encoder=None``). SkyReels runs in two
-settings:
+in float32 (our bf16 autocast off), without classifier-free guidance (``guidance_scale=1``: the
+distilled few-step preset runs without it), with the same tiny random ``AutoencoderKLWan`` decoding
+everything and prompt embeddings passed as tensors (no tokenizer or text encoder:
+``tokenizer=None, text_encoder=None``). SkyReels runs in two settings:
 
 * **equal context** (the ratio that has a target): ``base_num_frames`` spans the frames our model
   attends to (sinks + window + chunk latent frames), ``overlap_history`` the cached ones (sinks +
@@ -128,7 +128,10 @@ def build(seed: int):
     from vidgen.models import CausalWanTransformer
     from vidgen.pipelines.pipeline import LongVideoPipeline
 
-    config = load_config(PRESET).replace(**{"runtime.device": "cpu", "runtime.dtype": "float32"})
+    # float32 on both sides: our bf16 autocast (on by default where the CPU has native bf16) is off
+    config = load_config(PRESET).replace(
+        **{"runtime.device": "cpu", "runtime.dtype": "float32", "runtime.autocast": "off"}
+    )
     torch.manual_seed(seed)
     skyreels_transformer = SkyReelsV2Transformer3DModel(**TRANSFORMER).eval().requires_grad_(False)
     ours = CausalWanTransformer(**TRANSFORMER).eval().requires_grad_(False)
@@ -230,6 +233,7 @@ def compare(num_frames: int, size: int, seed: int = 0) -> dict:
         "width": size,
         "num_inference_steps": steps,
         "guidance": "off for both (guidance_scale=1)",
+        "precision": "float32 for both (our autocast off)",
         "transformer": {k: list(v) if isinstance(v, tuple) else v for k, v in TRANSFORMER.items()},
         "vae": VAE,
         "ours": {

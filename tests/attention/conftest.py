@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -47,14 +46,3 @@ def random_qkv(batch: int, q_len: int, kv_len: int, heads: int = 2, dim: int = 8
 @pytest.fixture
 def make_qkv():
     return random_qkv
-
-
-def pytest_collection_modifyitems(config, items):
-    """Keep ``@pytest.mark.slow`` tests of this folder out of the default run (``-m slow`` runs them)."""
-    if "slow" in (config.getoption("markexpr") or ""):
-        return
-    here = Path(__file__).parent
-    skip = pytest.mark.skip(reason="slow: run with -m slow")
-    for item in items:
-        if item.get_closest_marker("slow") and here in Path(item.fspath).parents:
-            item.add_marker(skip)

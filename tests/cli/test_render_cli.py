@@ -39,7 +39,9 @@ def test_render_writes_a_decodable_mp4(model, tmp_path):
 
 def test_storyboard_file(model, tmp_path):
     board = tmp_path / "board.toml"
-    board.write_text('[[scene]]\nstart = 0\nprompt = "a red circle"\n[[scene]]\nstart = 1.5\nprompt = "a blue square"\n')
+    board.write_text(
+        '[[scene]]\nstart = 0\nprompt = "a red circle"\n[[scene]]\nstart = 1.5\nprompt = "a blue square"\n'
+    )
     out = tmp_path / "board.mp4"
     _render("--model", model, "--storyboard", board, "--seconds", 3, "--seed", 1, "--out", out)
     assert probe_video(out)["frames"] == 48
@@ -99,7 +101,9 @@ def test_user_errors_exit_2_with_one_line(model, tmp_path, args, message):
 
 
 def test_missing_model_and_unwritable_output(tmp_path, model):
-    result = _render("--model", tmp_path / "absent", "--prompt", PROMPT, "--out", tmp_path / "x.mp4", check=False)
+    result = _render(
+        "--model", tmp_path / "absent", "--prompt", PROMPT, "--out", tmp_path / "x.mp4", check=False
+    )
     assert result.returncode == 2 and "never downloads" in result.stderr
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -67,9 +67,13 @@ def test_benchmark_reports_every_figure(tiny_model, tmp_path, capsys):
     assert rows[-1]["video_end_s"] == pytest.approx(7.0)
     cost = result["constant_cost"]
     assert cost["early_chunks"] == [3, 4, 5, 6, 7] and cost["late_chunks"] == [10, 11, 12, 13, 14]
-    early = sorted(r["total_s"] for r in rows[3:8])[2]
-    late = sorted(r["total_s"] for r in rows[10:15])[2]
-    assert cost["ratio"] == pytest.approx(late / early)
+    # the late chunks are the long video's; the early ones were made again, between them
+    assert cost["late_interleaved_s"] == [r["total_s"] for r in rows[10:15]]
+    assert len(cost["early_interleaved_s"]) == 5
+    median = sorted(cost["late_interleaved_s"])[2] / sorted(cost["early_interleaved_s"])[2]
+    assert cost["ratio"] == pytest.approx(median)
+    sequential = sorted(r["total_s"] for r in rows[10:15])[2] / sorted(r["total_s"] for r in rows[3:8])[2]
+    assert cost["sequential_ratio"] == pytest.approx(sequential)
     assert cost["peak_rss_end_mib"] >= cost["peak_rss_base_mib"] > 0
     speed = result["speed"]
     assert speed["real_time_factor"] == pytest.approx(7.0 / rows[-1]["wall_s"])
@@ -102,13 +106,16 @@ def test_too_short_a_video_is_refused(tiny_model, tmp_path, capsys):
 
 
 def test_windows_and_ratios_of_a_long_video():
+    assert benchmark.chunk_window(1201, 5) == [3, 4, 5, 6, 7]
+    assert benchmark.chunk_window(1201, 500) == [498, 499, 500, 501, 502]
+    assert benchmark.chunk_window(15, 500) == [10, 11, 12, 13, 14]
     rows = [
-        {"index": i, "total_s": 2.0 if i >= 498 else 1.0, "peak_rss_mib": 100.0 + (i >= 10), "rss_mib": 90.0}
-        for i in range(1200)
+        {"index": i, "total_s": 3.0 if i >= 498 else 1.0, "peak_rss_mib": 100.0 + (i >= 10), "rss_mib": 90.0}
+        for i in range(1201)
     ]
-    cost = benchmark.constant_cost({"chunks": rows})
-    assert cost["early_chunks"] == [3, 4, 5, 6, 7] and cost["late_chunks"] == [498, 499, 500, 501, 502]
-    assert cost["ratio"] == 2.0
+    long = {"chunks": rows, "early": [1.0, 1.0, 1.5, 2.0, 2.0], "late": [3.0, 3.0, 3.0, 2.0, 9.0]}
+    cost = benchmark.constant_cost(long, [3, 4, 5, 6, 7], [498, 499, 500, 501, 502])
+    assert cost["ratio"] == 2.0 and cost["sequential_ratio"] == 3.0
     assert cost["memory_base_chunk"] == 10 and cost["peak_growth"] == 0.0 and cost["rss_growth"] == 0.0
 
 
@@ -157,10 +164,8 @@ def test_random_wan_transformer_keeps_float32_modules():
 
 
 @pytest.mark.slow
-def test_preset_on_cpu_with_allow_cpu(tmp_path, request):
+def test_preset_on_cpu_with_allow_cpu(tmp_path):
     """The whole Wan-1.3B-sized path, one chunk at 128x128 (about a minute on two cores)."""
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("slow: run with -m slow")
     args = parse(["--preset", PRESET, "--random-weights", "--allow-cpu", "--out-dir", str(tmp_path)])
     assert benchmark.main(args) == 0
     result = json.loads((tmp_path / f"pipeline-{PRESET}.json").read_text())

@@ -15,7 +15,9 @@ from vidgen.video import write_mp4
 
 def test_prompt_file_reading(tmp_path):
     path = tmp_path / "prompts.txt"
-    path.write_text("# a comment\na red circle moving left on a black background\n0: a red circle | 2: a blue square\n")
+    path.write_text(
+        "# a comment\na red circle moving left on a black background\n0: a red circle | 2: a blue square\n"
+    )
     prompts = evaluation.read_prompt_file(path)
     assert prompts[0] == "a red circle moving left on a black background"
     assert prompts[1] == [(0.0, "a red circle"), (2.0, "a blue square")]
@@ -38,7 +40,12 @@ def test_evaluate_model_with_a_tiny_pipeline(tmp_path):
         seconds=2,
         long_prompts=["a blue square moving up on a white background"],
         long_seconds=3,
-        storyboards=[[(0.0, "a red circle moving left on a black background"), (1.0, "a blue circle moving left on a black background")]],
+        storyboards=[
+            [
+                (0.0, "a red circle moving left on a black background"),
+                (1.0, "a blue circle moving left on a black background"),
+            ]
+        ],
         storyboard_seconds=2,
         out_dir=tmp_path,
         ablations=["no_anchor"],
@@ -54,11 +61,19 @@ def test_evaluate_model_with_a_tiny_pipeline(tmp_path):
 
 def _eval_cli(*args):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "vidgen", "eval", *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "vidgen", "eval", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_eval_judges_an_mp4(tmp_path):
-    scene = world.Scene(background="black", color="red", shape="circle", size="large", speed="slow", direction="left")
+    scene = world.Scene(
+        background="black", color="red", shape="circle", size="large", speed="slow", direction="left"
+    )
     clip = world.render_clip(scene, 48, size=64, rng=0)
     path = tmp_path / "truth.mp4"
     write_mp4(path, clip.frames, 16)
