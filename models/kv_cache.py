@@ -85,6 +85,9 @@ class KVCache(nn.Module):
         self.slot_frames = [-1] * self.capacity_frames
 
     # ---------------------------------------------------------------- reading
+    # The bookkeeping is plain Python: under torch.compile it runs eagerly (a graph break), so the
+    # compiled graphs never specialise on which frame sits in which slot.
+    @torch.compiler.disable
     def view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of the held frames for ``layer``: (B, held_frames * frame_tokens, H, D)."""
         slots = self._valid_slots()
@@ -96,6 +99,7 @@ class KVCache(nn.Module):
         index = self._token_index(slots, self.k.device)
         return self.k[layer].index_select(1, index), self.v[layer].index_select(1, index)
 
+    @torch.compiler.disable
     def frame_index(self, device: torch.device | None = None) -> torch.Tensor:
         """Absolute frame index of every held frame, in the order ``view`` returns them."""
         return torch.tensor(self.cached_frames, dtype=torch.long, device=device or self.k.device)
@@ -105,6 +109,7 @@ class KVCache(nn.Module):
         return torch.tensor([s * t + i for s in slots for i in range(t)], dtype=torch.long, device=device)
 
     # ---------------------------------------------------------------- writing
+    @torch.compiler.disable
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, first_frame: int) -> None:
         """Store one layer's un-rotated ``key``/``value`` (B, F * frame_tokens, H, D) of frames
         ``first_frame .. first_frame + F - 1``. Call :meth:`commit` once all layers have written."""

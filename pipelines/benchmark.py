@@ -404,8 +404,8 @@ def save_plot(result: dict, path: Path) -> None:
         axes[2].invert_yaxis()
         axes[2].set_xlabel("seconds")
         axes[2].set_title(
-            f"same long video: {comparison['num_frames']} frames, {comparison['width']}x{comparison['height']}, "
-            f"{comparison['num_inference_steps']} steps, no CFG",
+            f"same long video: {comparison['num_frames']} frames, "
+            f"{comparison['width']}x{comparison['height']}, {comparison['num_inference_steps']} steps, no CFG",
             fontsize=9,
         )
         axes[2].legend(loc="lower right", fontsize=8)

@@ -103,7 +103,7 @@ def preset_pipeline(args: argparse.Namespace, device: torch.device) -> tuple[Lon
 
 
 def run_preset(args: argparse.Namespace) -> dict:
-    """Stream one video with the preset's model size; returns the JSON-able result (see the module docstring)."""
+    """Stream one video with the preset's model size; returns the JSON-able result."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_cpu = device.type == "cpu"
     pipe, build_s, model = preset_pipeline(args, device)

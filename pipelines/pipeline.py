@@ -159,8 +159,20 @@ class LongVideoPipeline:
         vae = loading.load_vae(folder, config)
         text_encoder = loading.load_text_encoder(folder, config)
         pipe = cls(transformer, vae, text_encoder, config)
-        pipe.to(pipe.device_from_config())
+        device = pipe.device_from_config()
+        if config.runtime.cpu_offload and device.type != "cpu":
+            pipe.enable_model_cpu_offload(device)
+        else:
+            pipe.to(device)
+        if config.runtime.compile:
+            pipe.compile()
         return pipe
+
+    def compile(self) -> None:
+        """torch.compile every transformer block (dynamic shapes: the cache fills up over the first
+        chunks). The KV cache bookkeeping stays eager; the first chunks pay the compile time."""
+        for block in self.transformer.blocks:
+            block.compile(dynamic=True)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         loading.save_components(Path(path), self.transformer, self.vae, self.text_encoder, self.config)

@@ -1,4 +1,6 @@
-"""``vidgen bench pipeline`` at tiny sizes: options, figures, JSON, plot, the CPU refusal. No speed is asserted."""
+"""``vidgen bench pipeline`` at tiny sizes: options, figures, JSON, plot, the CPU refusal.
+
+No speed is asserted: timings are noisy; the tests check what is measured and how it is reported."""
 
 from __future__ import annotations
 

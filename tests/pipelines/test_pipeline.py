@@ -184,3 +184,13 @@ def test_steps_and_overrides_apply_to_one_video_only(pipe):
     windowed = pipe(PROMPT, seconds=2, generator=0, overrides={"generation.window_frames": 2}).frames
     assert not np.array_equal(windowed, pipe(PROMPT, seconds=2, generator=0).frames)
     assert pipe.config.generation.window_frames == 4
+
+
+@pytest.mark.slow
+def test_compiled_blocks_give_the_same_video():
+    eager = tiny_components(**{"runtime.autocast": "off"})
+    compiled = tiny_components(**{"runtime.autocast": "off"})
+    compiled.compile()
+    a = eager(PROMPT, seconds=2, generator=0, output_type="latent").frames
+    b = compiled(PROMPT, seconds=2, generator=0, output_type="latent").frames
+    assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
