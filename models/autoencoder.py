@@ -52,6 +52,7 @@ class AutoencoderKLLite(ModelMixin, ConfigMixin):
         encoder_blocks: int = 3,
         decoder_blocks: int = 4,
         refine_channels: int = 32,
+        upsample_channels: int = 0,
         scale_factor_temporal: int = 4,
         scale_factor_spatial: int = 4,
         latents_mean: list[float] | None = None,
@@ -67,13 +68,27 @@ class AutoencoderKLLite(ModelMixin, ConfigMixin):
             nn.SiLU(),
             nn.Conv2d(hidden_channels, 2 * z_dim, 1),
         )
+        # with upsample_channels, the last step is two 2x stages, the second one convolving each
+        # frame at half resolution: edges land on exact sub-cell positions in every frame of a group
+        head_channels = t * upsample_channels * 4 if upsample_channels else folded
         self.decoder = nn.Sequential(
             nn.Conv2d(z_dim, hidden_channels, 1),
             *[ResBlock(hidden_channels) for _ in range(decoder_blocks)],
             nn.GroupNorm(8, hidden_channels),
             nn.SiLU(),
-            nn.Conv2d(hidden_channels, folded, 1),
+            nn.Conv2d(hidden_channels, head_channels, 1),
         )
+        self.upsampler = None
+        if upsample_channels:
+            if s != 4:
+                raise ValueError("upsample_channels needs scale_factor_spatial=4")
+            self.upsampler = nn.Sequential(
+                nn.Conv2d(upsample_channels, upsample_channels, 3, padding=1),
+                nn.SiLU(),
+                nn.Conv2d(upsample_channels, upsample_channels, 3, padding=1),
+                nn.SiLU(),
+                nn.Conv2d(upsample_channels, in_channels * 4, 1),
+            )
         frames_channels = in_channels * t
         self.refine = nn.Sequential(
             nn.Conv2d(frames_channels, refine_channels, 3, padding=1),
@@ -128,7 +143,12 @@ class AutoencoderKLLite(ModelMixin, ConfigMixin):
         b, _, n, h, w = z.shape
         t, s = self.config.scale_factor_temporal, self.config.scale_factor_spatial
         x = self.decoder(z.transpose(1, 2).flatten(0, 1))  # (B * n, C * t * s * s, h, w)
-        x = F.pixel_shuffle(x, s)  # (B * n, C * t, H, W)
+        if self.upsampler is None:
+            x = F.pixel_shuffle(x, s)  # (B * n, C * t, H, W)
+        else:
+            x = F.pixel_shuffle(x, 2)  # (B * n, t * U, 2h, 2w)
+            x = self.upsampler(x.unflatten(1, (t, -1)).flatten(0, 1))  # (B * n * t, C * 4, 2h, 2w)
+            x = F.pixel_shuffle(x, 2).unflatten(0, (b * n, t)).flatten(1, 2)  # (B * n, t * C, H, W)
         x = x + self.refine(x)
         video = x.unflatten(1, (t, -1)).unflatten(0, (b, n))  # (B, n, t, C, H, W)
         video = video.permute(0, 3, 1, 2, 4, 5).flatten(2, 3)  # (B, C, n * t, H, W)

@@ -32,6 +32,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -394,7 +395,8 @@ def save_plot(result: dict, path: Path) -> None:
     mem_ax.grid(True, alpha=0.3)
     c = result["config"]
     where = c.get("gpu") or c["machine"]
-    time_ax.set_title(f"{c['model']}\n{len(rows)} chunks on {where}; shaded: the compared chunks", fontsize=9)
+    title = f"{c['model']}: {len(rows)} chunks on {where}; shaded: the compared chunks"
+    fig.suptitle(textwrap.fill(title, 90), fontsize=9)
     if comparison:
         names = list(comparison["rows"])
         walls = [comparison["rows"][n]["wall_s"] for n in names]

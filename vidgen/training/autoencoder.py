@@ -8,9 +8,6 @@ that the decoder forgives the denoiser's small errors. Decoding is not clamped w
 
 from __future__ import annotations
 
-import math
-import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -18,16 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from vidgen.models.autoencoder import AutoencoderKLLite
-from vidgen.training.checkpoint import EMA, RunLog, load_training_state, save_training_state
 from vidgen.training.configs import AutoencoderTrainConfig
 from vidgen.training.data import sample_video_batch
-
-
-def _lr(config: AutoencoderTrainConfig, step: int) -> float:
-    if step < config.warmup:
-        return config.lr * (step + 1) / config.warmup
-    progress = min(1.0, (step - config.warmup) / max(1, config.steps - config.warmup))
-    return config.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
+from vidgen.training.loop import TrainingRun
 
 
 def reconstruction_loss(
@@ -91,74 +81,43 @@ def evaluate_reconstructions(
 def train_autoencoder(config: AutoencoderTrainConfig) -> Path:
     if config.threads:
         torch.set_num_threads(config.threads)
-    run_dir = Path(config.run_dir)
     torch.manual_seed(config.seed)
     if config.init_from:
-        # decoder fine-tuning: the encoder (and so the latent space a transformer learned) stays fixed
-        model = AutoencoderKLLite.from_pretrained(config.init_from)
+        # decoder fine-tuning: the encoder (and so the latent space a transformer learned) stays
+        # fixed; a decoder of another shape (upsample_channels) starts from the matching weights
+        source = AutoencoderKLLite.from_pretrained(config.init_from)
+        settings = {k: v for k, v in source.config.items() if not k.startswith("_")}
+        model = AutoencoderKLLite(**{**settings, "upsample_channels": config.upsample_channels})
+        target = model.state_dict()
+        matching = {
+            k: v for k, v in source.state_dict().items() if k in target and target[k].shape == v.shape
+        }
+        model.load_state_dict(matching, strict=False)
     else:
-        model = AutoencoderKLLite(z_dim=config.z_dim, hidden_channels=config.hidden_channels)
+        model = AutoencoderKLLite(
+            z_dim=config.z_dim,
+            hidden_channels=config.hidden_channels,
+            upsample_channels=config.upsample_channels,
+        )
     if config.freeze_encoder:
         model.encoder.requires_grad_(False)
-    ema = EMA(model, config.ema_decay)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
-    state = load_training_state(run_dir, model=model, ema=ema, optimizer=optimizer)
-    step = state["step"] if state else 0
-    wall = state["wall_seconds"] if state else 0.0
-    log = RunLog(run_dir)
-    log.write(
-        event="start", step=step, resumed=state is not None, params=sum(p.numel() for p in model.parameters())
+    run = TrainingRun(
+        config,
+        model,
+        optimizer,
+        lr_floor=0.05,
+        evaluate=lambda ema_model: evaluate_reconstructions(ema_model, config, config.eval_clips),
     )
-
-    started = time.time()
-    last_save = step
-    while step < config.steps:
-        rng = np.random.default_rng([config.seed, step])  # data is a function of the step: resumable
+    while not run.done:
+        rng = np.random.default_rng([config.seed, run.step])  # data is a function of the step: resumable
         batch = sample_video_batch(rng, config.batch_size, config.num_frames, config.size)
         model.train()
-        for group in optimizer.param_groups:
-            group["lr"] = _lr(config, step)
         loss, parts = reconstruction_loss(model, batch, config)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        ema.update(model, step)
-        step += 1
-        elapsed = time.time() - started
-        if step % config.log_every == 0:
-            log.write(
-                step=step, loss=float(loss), lr=_lr(config, step), wall_min=(wall + elapsed) / 60, **parts
-            )
-        out_of_time = config.minutes > 0 and elapsed > config.minutes * 60
-        if step % config.save_every == 0 or step == config.steps or out_of_time:
-            metrics = evaluate_reconstructions(ema.model, config, config.eval_clips)
-            log.write(step=step, event="eval", **metrics)
-            save_training_state(
-                run_dir,
-                model=model,
-                ema=ema,
-                optimizer=optimizer,
-                step=step,
-                wall_seconds=wall + elapsed,
-                config=asdict(config),
-                extra={"eval": metrics},
-            )
-            last_save = step
-        if out_of_time:
+        if not run.update(loss, **parts):
             break
-    if last_save != step:
-        save_training_state(
-            run_dir,
-            model=model,
-            ema=ema,
-            optimizer=optimizer,
-            step=step,
-            wall_seconds=wall + time.time() - started,
-            config=asdict(config),
-        )
-    return run_dir / "latest"
+    return run.finish()
 
 
 @torch.no_grad()

@@ -19,6 +19,8 @@ class AutoencoderTrainConfig:
     """Total optimiser steps of the run (a resumed run continues towards it)."""
     minutes: float = 0.0
     """Stop this stretch after this many minutes (0: run to ``steps``)."""
+    stretch_steps: int = 0
+    """Stop this stretch after this many steps (0: run to ``steps``)."""
     lr: float = 1e-3
     warmup: int = 200
     weight_decay: float = 0.0
@@ -36,6 +38,8 @@ class AutoencoderTrainConfig:
     """Train the decoder only: latents (and a transformer trained on them) stay valid."""
     z_dim: int = 8
     hidden_channels: int = 96
+    upsample_channels: int = 0
+    """Decoder head: 0 a pixel shuffle at latent resolution; N two 2x stages with N channels."""
     seed: int = 0
     log_every: int = 50
     save_every: int = 500
@@ -61,6 +65,8 @@ class TransformerTrainConfig:
     steps: int = 40000
     minutes: float = 0.0
     """Stop this stretch after this many minutes (0: run to ``steps``)."""
+    stretch_steps: int = 0
+    """Stop this stretch after this many steps (0: run to ``steps``)."""
     lr: float = 4e-4
     warmup: int = 500
     weight_decay: float = 0.01

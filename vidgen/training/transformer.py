@@ -18,10 +18,8 @@ are context only (no loss).
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +31,9 @@ from vidgen.models.autoencoder import AutoencoderKLLite
 from vidgen.models.text_encoders import MiniLMTextEncoder
 from vidgen.pipelines.scheduler import shift_sigma, timestep_of
 from vidgen.shapes import captions, world
-from vidgen.training.checkpoint import EMA, RunLog, load_training_state, save_training_state
 from vidgen.training.configs import TransformerTrainConfig
 from vidgen.training.data import clip_to_tensor
+from vidgen.training.loop import TrainingRun
 
 # ----------------------------------------------------------------------------- samples
 
@@ -146,13 +144,6 @@ def text_pair(encoder: MiniLMTextEncoder, texts: list[str], previous: list[str])
     return torch.cat([encoder(texts), encoder(previous)], dim=1)
 
 
-def _lr(config: TransformerTrainConfig, step: int) -> float:
-    if step < config.warmup:
-        return config.lr * (step + 1) / config.warmup
-    progress = min(1.0, (step - config.warmup) / max(1, config.steps - config.warmup))
-    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 def diffusion_forcing_loss(
     model: CausalWanTransformer | Callable,
     latents: torch.Tensor,
@@ -192,7 +183,6 @@ def diffusion_forcing_loss(
 def train_transformer(config: TransformerTrainConfig) -> Path:
     if config.threads:
         torch.set_num_threads(config.threads)
-    run_dir = Path(config.run_dir)
     torch.manual_seed(config.seed)
     vae = load_autoencoder(config.autoencoder)
     mean, std = latent_stats(vae)
@@ -200,26 +190,15 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
     text_encoder._cache_size = 4096
 
     model = CausalWanTransformer(**config.model)
-    ema = EMA(model, config.ema_decay)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99)
     )
-    state = load_training_state(run_dir, model=model, ema=ema, optimizer=optimizer)
-    step = state["step"] if state else 0
-    wall = state["wall_seconds"] if state else 0.0
-    log = RunLog(run_dir)
-    log.write(
-        event="start", step=step, resumed=state is not None, params=sum(p.numel() for p in model.parameters())
-    )
-
-    # inductor fuses the many small elementwise ops around the matmuls: ~1.7x per CPU step here
+    run = TrainingRun(config, model, optimizer, lr_floor=0.1)
+    # inductor fuses the many small elementwise ops around the matmuls (~1.7x per CPU step here)
     forward = torch.compile(model) if config.compile else model
-    started = time.time()
-    last_save = step
-    running = []
-    while step < config.steps:
-        rng = np.random.default_rng([config.seed, step])
-        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+    while not run.done:
+        rng = np.random.default_rng([config.seed, run.step])  # data is a function of the step: resumable
+        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + run.step)
         samples = [make_sample(rng, config) for _ in range(config.batch_size)]
         with torch.no_grad():
             video = torch.stack([clip_to_tensor(s.frames) for s in samples])
@@ -227,49 +206,8 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
             text = text_pair(text_encoder, [s.text for s in samples], [s.previous_text for s in samples])
         loss_chunks = torch.tensor([s.loss_chunks for s in samples])
         model.train()
-        for group in optimizer.param_groups:
-            group["lr"] = _lr(config, step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
             loss = diffusion_forcing_loss(forward, latents, text, loss_chunks, config, generator)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        ema.update(model, step)
-        step += 1
-        running.append(loss.item())
-        elapsed = time.time() - started
-        if step % config.log_every == 0:
-            log.write(
-                step=step,
-                loss=sum(running) / len(running),
-                grad=float(grad_norm),
-                lr=_lr(config, step),
-                wall_min=(wall + elapsed) / 60,
-            )
-            running = []
-        out_of_time = config.minutes > 0 and elapsed > config.minutes * 60
-        if step % config.save_every == 0 or step == config.steps or out_of_time:
-            save_training_state(
-                run_dir,
-                model=model,
-                ema=ema,
-                optimizer=optimizer,
-                step=step,
-                wall_seconds=wall + elapsed,
-                config=asdict(config),
-            )
-            last_save = step
-        if out_of_time:
+        if not run.update(loss):
             break
-    if last_save != step:
-        save_training_state(
-            run_dir,
-            model=model,
-            ema=ema,
-            optimizer=optimizer,
-            step=step,
-            wall_seconds=wall + time.time() - started,
-            config=asdict(config),
-        )
-    return run_dir / "latest"
+    return run.finish()
