@@ -377,6 +377,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin):
             )
         files = wan_checkpoint.safetensors_files(path)
         if not wan_checkpoint.is_original_layout(wan_checkpoint.checkpoint_keys(files)):
+            kwargs.pop("config_overrides", None)  # a diffusers folder brings its own config
             kwargs.update(use_safetensors=True, local_files_only=True)
             return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 

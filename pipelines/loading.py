@@ -94,8 +94,15 @@ def load_transformer(folder: Path, config: VidgenConfig):
     source = (
         Path(config.model.transformer).expanduser() if config.model.transformer else folder / "transformer"
     )
+    geometry = None
+    base_config = folder / "transformer" / "config.json"
+    if config.model.transformer and base_config.is_file():
+        # a causal checkpoint in the original layout has no config: it shares the folder's geometry
+        geometry = {k: v for k, v in json.loads(base_config.read_text()).items() if not k.startswith("_")}
     try:
-        model = CausalWanTransformer.from_pretrained(source, torch_dtype=_dtype(config.runtime.dtype))
+        model = CausalWanTransformer.from_pretrained(
+            source, torch_dtype=_dtype(config.runtime.dtype), config_overrides=geometry
+        )
     except (OSError, ValueError, RuntimeError) as err:
         raise ModelLoadError(f"cannot load the transformer from {source}: {err}") from err
     return model.eval().requires_grad_(False)
