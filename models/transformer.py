@@ -52,6 +52,14 @@ class FP32LayerNorm(nn.LayerNorm):
         return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).to(x.dtype)
 
 
+class RMSNorm(nn.RMSNorm):
+    """RMSNorm whose weight follows the input's dtype: under bf16 autocast the fused kernel runs
+    instead of a slower mixed-dtype fallback."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.eps)
+
+
 class _GeluProj(nn.Module):
     def __init__(self, dim_in: int, dim_out: int) -> None:
         super().__init__()
@@ -136,8 +144,8 @@ class Attention(nn.Module):
         self.to_k = nn.Linear(dim, dim)
         self.to_v = nn.Linear(dim, dim)
         self.to_out = nn.ModuleList([nn.Linear(dim, dim), nn.Dropout(0.0)])
-        self.norm_q = nn.RMSNorm(dim, eps=eps)
-        self.norm_k = nn.RMSNorm(dim, eps=eps)
+        self.norm_q = RMSNorm(dim, eps=eps)
+        self.norm_k = RMSNorm(dim, eps=eps)
 
     def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys (normalised, not rotated) and values: (B, S, H, D) each."""

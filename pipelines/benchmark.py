@@ -113,11 +113,9 @@ def load_pipeline(args: argparse.Namespace, scratch: Path) -> tuple[LongVideoPip
 def apply_runtime_options(pipe: LongVideoPipeline, args: argparse.Namespace) -> None:
     if args.attention_backend:
         pipe.config = pipe.config.replace(**{"runtime.attention_backend": args.attention_backend})
-    if args.compile:
-        # the feed-forward of every block: self-attention reads the KV cache's slot bookkeeping
-        # (Python ints), which makes a compiled block recompile chunk after chunk
-        for block in pipe.transformer.blocks:
-            block.ffn.compile()
+    if args.compile and not pipe.config.runtime.compile:
+        pipe.config = pipe.config.replace(**{"runtime.compile": True})
+        pipe.compile()
 
 
 # ----------------------------------------------------------------------------- parts 1 and 2
@@ -272,6 +270,8 @@ def run_benchmark(args: argparse.Namespace) -> dict:
             "num_inference_steps": g.num_inference_steps,
             "dtype": pipe.config.runtime.dtype,
             "autocast": str(autocast_dtype(pipe.config.runtime.autocast, pipe.device) or "off"),
+            "compile": pipe.config.runtime.compile,
+            "attention_backend": pipe.config.runtime.attention_backend or "auto",
             "device": str(pipe.device),
         },
         "constant_cost": cost,

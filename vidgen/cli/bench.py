@@ -119,7 +119,7 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile each block's feed-forward (the first chunks compile)",
+        help="torch.compile the transformer blocks, as runtime.compile does (the first chunks compile)",
     )
     parser.add_argument(
         "--attention-backend",
