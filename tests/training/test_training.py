@@ -93,3 +93,16 @@ def test_cosine_schedule():
     assert cosine_lr(0, lr=1.0, warmup=10, steps=100, floor=0.1) == pytest.approx(0.1)
     assert cosine_lr(10, lr=1.0, warmup=10, steps=100, floor=0.1) == pytest.approx(1.0)
     assert cosine_lr(100, lr=1.0, warmup=10, steps=100, floor=0.1) == pytest.approx(0.1)
+
+
+def test_object_weight_marks_the_latent_cells_of_the_object():
+    from vidgen.training.transformer import latent_object_weight
+
+    masks = torch.zeros(1, 9, 32, 32)
+    masks[:, 0, 0:4, 0:4] = 1.0  # frame 0 alone -> latent frame 0
+    masks[:, 8, 16:20, 16:20] = 1.0  # the last frame of the second group -> latent frame 2
+    weight = latent_object_weight(masks, temporal=4, spatial=4, strength=5.0)
+    assert weight.shape == (1, 3, 8, 8)
+    assert weight[0, 0, 0, 0] == 6.0 and weight[0, 0, 1, 1] == 6.0 and weight[0, 0, 3, 3] == 1.0
+    assert weight[0, 1].max() == 1.0  # nothing in frames 1-4
+    assert weight[0, 2, 4, 4] == 6.0 and weight[0, 2, 3, 3] == 6.0 and weight[0, 2, 0, 0] == 1.0

@@ -75,6 +75,8 @@ class TransformerTrainConfig:
     """Shift of the training noise levels (more time at high noise)."""
     clean_context_prob: float = 0.5
     context_sigma_max: float = 0.1
+    object_weight: float = 8.0
+    """Extra loss weight on the latent cells of the object and their neighbours."""
     caption_dropout: float = 0.1
     transition_prob: float = 0.2
     """Samples whose last chunks follow a fresh prompt change (text = new ‖ old)."""

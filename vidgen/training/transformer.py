@@ -41,6 +41,7 @@ from vidgen.training.loop import TrainingRun
 @dataclass
 class Sample:
     frames: np.ndarray  # (1 + 4 * (L - 1), S, S, 3): frame 0, then the frames of latent frames g..
+    masks: np.ndarray  # (1 + 4 * (L - 1), S, S) object coverage of those frames
     text: str
     previous_text: str
     loss_chunks: list[bool]
@@ -98,6 +99,7 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         )
     picked = [0] + [f for i in latent_indices[1:] for f in range(*_video_frames_of_latent(i))]
     frames = clip.frames[picked]
+    masks = clip.masks[picked]
 
     if kind == "transition":
         # one omission pattern for both captions: a direction left out of one is not a change
@@ -114,7 +116,7 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         loss_chunks = [True] * num_chunks
     else:
         loss_chunks = [latent_indices[k * c] >= change_latent for k in range(num_chunks)]
-    return Sample(frames=frames, text=text, previous_text=previous, loss_chunks=loss_chunks)
+    return Sample(frames=frames, masks=masks, text=text, previous_text=previous, loss_chunks=loss_chunks)
 
 
 def _kind_probabilities(config: TransformerTrainConfig, gap: int) -> list[float]:
@@ -151,8 +153,10 @@ def diffusion_forcing_loss(
     loss_chunks: torch.Tensor,
     config: TransformerTrainConfig,
     generator: torch.Generator,
+    object_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Flow-matching loss with an independent noise level per chunk, block-causal attention."""
+    """Flow-matching loss with an independent noise level per chunk, block-causal attention;
+    ``object_weight`` (B, F, h, w) weights the latent cells of the object."""
     batch, _, frames, height, width = latents.shape
     c = config.chunk_frames
     num_chunks = frames // c
@@ -172,9 +176,26 @@ def diffusion_forcing_loss(
     c_p = config.model["patch_size"]
     pattern = AttentionPattern.block_causal((height // c_p[1]) * (width // c_p[2]), c)
     pred = model(noisy, timestep_of(sigma_frames), text, attention_pattern=pattern, return_dict=False)[0]
-    err = (pred.float() - (noise - latents)).square().mean(dim=(1, 3, 4))  # (B, F)
+    err = (pred.float() - (noise - latents)).square()  # (B, C, F, h, w)
+    if object_weight is not None:
+        err = err * object_weight[:, None]
+    err = err.mean(dim=(1, 3, 4))  # (B, F)
     weight = loss_chunks.repeat_interleave(c, dim=1).float()
     return (err * weight).sum() / weight.sum().clamp(min=1)
+
+
+def latent_object_weight(masks: torch.Tensor, temporal: int, spatial: int, strength: float) -> torch.Tensor:
+    """``1 + strength`` on latent cells the object covers (and their neighbours), 1 elsewhere.
+
+    masks: (B, 1 + t*k, S, S) coverage -> (B, 1 + k, S/s, S/s). The object is a few percent of a
+    frame; weighting its cells makes the model learn its colour, shape and motion sooner. The
+    weighted regression has the same minimiser, per element, as the plain one.
+    """
+    first, rest = masks[:, :1], masks[:, 1:]
+    grouped = torch.cat([first, rest.unflatten(1, (-1, temporal)).amax(dim=2)], dim=1)  # (B, 1 + k, S, S)
+    cells = torch.nn.functional.max_pool2d(grouped, spatial)  # (B, 1 + k, S/s, S/s)
+    near = torch.nn.functional.max_pool2d(cells, 3, stride=1, padding=1)
+    return 1.0 + strength * (near > 0.05).float()
 
 
 # ----------------------------------------------------------------------------- loop
@@ -186,6 +207,7 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
     torch.manual_seed(config.seed)
     vae = load_autoencoder(config.autoencoder)
     mean, std = latent_stats(vae)
+    temporal, spatial = vae.config.scale_factor_temporal, vae.config.scale_factor_spatial
     text_encoder = MiniLMTextEncoder.load(max_length=config.text_max_length)
     text_encoder._cache_size = 4096
 
@@ -205,9 +227,15 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
             latents = (vae.encode(video).latent_dist.mode() - mean) / std
             text = text_pair(text_encoder, [s.text for s in samples], [s.previous_text for s in samples])
         loss_chunks = torch.tensor([s.loss_chunks for s in samples])
+        object_weight = None
+        if config.object_weight > 0:
+            masks = torch.from_numpy(np.stack([s.masks for s in samples]))
+            object_weight = latent_object_weight(masks, temporal, spatial, config.object_weight)
         model.train()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-            loss = diffusion_forcing_loss(forward, latents, text, loss_chunks, config, generator)
+            loss = diffusion_forcing_loss(
+                forward, latents, text, loss_chunks, config, generator, object_weight
+            )
         if not run.update(loss):
             break
     return run.finish()
