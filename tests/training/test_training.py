@@ -106,3 +106,18 @@ def test_object_weight_marks_the_latent_cells_of_the_object():
     assert weight[0, 0, 0, 0] == 6.0 and weight[0, 0, 1, 1] == 6.0 and weight[0, 0, 3, 3] == 1.0
     assert weight[0, 1].max() == 1.0  # nothing in frames 1-4
     assert weight[0, 2, 4, 4] == 6.0 and weight[0, 2, 3, 3] == 6.0 and weight[0, 2, 0, 0] == 1.0
+
+
+def test_compact_checkpoint_resumes(autoencoder, tmp_path):
+    from vidgen.training.checkpoint import export_compact_checkpoint
+
+    _, final = autoencoder
+    config = dict(autoencoder=str(final), lr=2e-3, warmup=5, save_every=10, **TINY_DIT)
+    run = tmp_path / "run"
+    train_transformer(TransformerTrainConfig(run_dir=str(run), steps=10, **config))
+    compact = tmp_path / "compact"
+    export_compact_checkpoint(run, compact)
+    assert not (compact / "latest" / "optimizer.safetensors").exists()
+    train_transformer(TransformerTrainConfig(run_dir=str(compact), steps=20, **config))
+    state = json.loads((compact / "latest" / "state.json").read_text())
+    assert state["step"] == 20 and (compact / "latest" / "optimizer.safetensors").exists()

@@ -56,6 +56,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     _add_dataclass_options(tr, TransformerTrainConfig)
     tr.set_defaults(run=_run_transformer)
 
+    cp = parts.add_parser("compact", help="a small copy of a run's latest state, to keep in the repository")
+    cp.add_argument("--run-dir", required=True)
+    cp.add_argument("--out", required=True)
+    cp.set_defaults(run=_run_compact)
+
     ex = parts.add_parser("export", help="assemble a pipeline folder from trained parts")
     ex.add_argument(
         "--transformer-run", required=True, help="transformer run folder (its EMA weights are used)"
@@ -92,6 +97,13 @@ def _run_transformer(args: argparse.Namespace) -> int:
         train_transformer(_config_from_args(TransformerTrainConfig, args))
     except FileNotFoundError as err:
         raise UsageError(str(err)) from None
+    return 0
+
+
+def _run_compact(args: argparse.Namespace) -> int:
+    from vidgen.training.checkpoint import export_compact_checkpoint
+
+    print(f"wrote {export_compact_checkpoint(args.run_dir, args.out)}")
     return 0
 
 

@@ -116,12 +116,41 @@ def load_training_state(
     if not (latest / "state.json").is_file():
         return None
     state = json.loads((latest / "state.json").read_text())
-    model.load_state_dict(load_file(str(latest / "model.safetensors")))
+    model.load_state_dict(_as_float(load_file(str(latest / "model.safetensors"))))
     if ema is not None and (latest / "ema.safetensors").is_file():
-        ema.model.load_state_dict(load_file(str(latest / "ema.safetensors")))
-    if optimizer is not None:
+        ema.model.load_state_dict(_as_float(load_file(str(latest / "ema.safetensors"))))
+    if optimizer is not None and (latest / "optimizer.safetensors").is_file():
         _restore_optimizer(optimizer, load_file(str(latest / "optimizer.safetensors")), state["optimizer"])
+    elif optimizer is not None:
+        # a compact checkpoint (see export_compact_checkpoint): Adam restarts, with a short warm-up
+        state["restart_warmup"] = True
     return state
+
+
+def _as_float(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
+
+
+def export_compact_checkpoint(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """Copy ``run_dir/latest`` without the optimizer and with the EMA in float16: small enough to
+    keep in the repository between training stretches (``vidgen train ... --run-dir OUT_DIR``
+    continues from it; Adam's moments restart with a short warm-up)."""
+    latest = Path(run_dir) / "latest"
+    target = Path(out_dir) / "latest"
+    target.mkdir(parents=True, exist_ok=True)
+    save_file(load_file(str(latest / "model.safetensors")), str(target / "model.safetensors"))
+    ema = {
+        k: v.half() if v.is_floating_point() else v
+        for k, v in load_file(str(latest / "ema.safetensors")).items()
+    }
+    save_file(ema, str(target / "ema.safetensors"))
+    for name in ("state.json", "config.json"):
+        if (latest / name).is_file():
+            (target / name).write_text((latest / name).read_text())
+    log = Path(run_dir) / "log.jsonl"
+    if log.is_file():
+        (Path(out_dir) / "log.jsonl").write_text(log.read_text())
+    return target
 
 
 class RunLog:

@@ -49,6 +49,8 @@ class TrainingRun:
         state = load_training_state(self.run_dir, model=model, ema=self.ema, optimizer=optimizer)
         self.step = state["step"] if state else 0
         self.wall = state["wall_seconds"] if state else 0.0
+        # resumed without optimizer moments (a compact checkpoint): warm up again from here
+        self.warmup_from = self.step if state and state.get("restart_warmup") else 0
         self.log = RunLog(self.run_dir)
         self.log.write(
             event="start",
@@ -67,9 +69,11 @@ class TrainingRun:
 
     def lr(self, step: int | None = None) -> float:
         c = self.config
-        return cosine_lr(
-            self.step if step is None else step, lr=c.lr, warmup=c.warmup, steps=c.steps, floor=self.lr_floor
-        )
+        step = self.step if step is None else step
+        rate = cosine_lr(step, lr=c.lr, warmup=c.warmup, steps=c.steps, floor=self.lr_floor)
+        if self.warmup_from and step - self.warmup_from < c.warmup:
+            rate *= (step - self.warmup_from + 1) / c.warmup
+        return rate
 
     def update(self, loss: torch.Tensor, **metrics: float) -> bool:
         """Back-propagate ``loss``, step the optimiser and the EMA, log and save when due.
