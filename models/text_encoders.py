@@ -58,12 +58,13 @@ class PromptEncoder(nn.Module):
         if isinstance(prompts, str):
             prompts = [prompts]
         missing = [p for p in dict.fromkeys(prompts) if p not in self._cache]
-        if missing:
-            for prompt, embedding in zip(missing, self.encode_uncached(missing)):
-                if len(self._cache) >= self._cache_size:
-                    self._cache.pop(next(iter(self._cache)))
-                self._cache[prompt] = embedding
-        return torch.stack([self._cache[p] for p in prompts])
+        fresh = dict(zip(missing, self.encode_uncached(missing))) if missing else {}
+        out = torch.stack([fresh[p] if p in fresh else self._cache[p] for p in prompts])
+        for prompt, embedding in fresh.items():  # evict the oldest only after the batch is built
+            if len(self._cache) >= self._cache_size:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[prompt] = embedding
+        return out
 
     def _apply(self, fn, recurse=True):  # moving the encoder invalidates cached tensors
         self._cache.clear()
