@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ipaddress
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,12 +59,23 @@ def _bind_replica_grpc_to_loopback() -> None:
 
     def loopback_only(server, address: str):
         host, _, port = address.rpartition(":")
-        if host in ("[::]", "0.0.0.0", ""):
+        if _is_wildcard(host):
             address = f"127.0.0.1:{port}"
         return original(server, address)
 
     loopback_only.vidgen_loopback = True
     serve_replica.add_port_to_grpc_server = loopback_only
+
+
+def _is_wildcard(host: str) -> bool:
+    """Whether ``host`` means "every interface" (empty, or the unspecified IPv4/IPv6 address)."""
+    host = host.strip("[]")
+    if not host:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
 
 
 class SessionReplica:
