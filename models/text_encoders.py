@@ -5,8 +5,9 @@
 * :class:`UMT5TextEncoder` -- the UMT5-XXL encoder of Wan 2.1 (4096-d), from a local diffusers
   pipeline folder (``text_encoder/`` + ``tokenizer/``).
 
-Both pad to a fixed length with zeros after the prompt's tokens, as Wan does, so a prompt's
-embedding does not depend on what else is in the batch.
+Both pad to a fixed length with zeros after the prompt's tokens, as Wan does, and encode each new
+prompt on its own, so a prompt's embedding is the same bits whatever it was asked for with (a
+batched matmul of another shape may round differently on some CPUs' BLAS kernels).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class PromptEncoder(nn.Module):
         if isinstance(prompts, str):
             prompts = [prompts]
         missing = [p for p in dict.fromkeys(prompts) if p not in self._cache]
-        fresh = dict(zip(missing, self.encode_uncached(missing))) if missing else {}
+        fresh = {p: self.encode_uncached([p])[0] for p in missing}  # one at a time: see the module doc
         out = torch.stack([fresh[p] if p in fresh else self._cache[p] for p in prompts])
         for prompt, embedding in fresh.items():  # evict the oldest only after the batch is built
             if len(self._cache) >= self._cache_size:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from vidgen.config import load_config
@@ -23,6 +24,10 @@ TINY_TRANSFORMER = dict(
     num_layers=2,
     rope_max_seq_len=64,
 )
+
+# Float32 throughout, for tests that compare one video made in two ways: bf16 autocast (on CPUs with
+# avx512_bf16) turns a 1e-7 difference into a whole bf16 step now and then.
+FP32 = {"runtime.autocast": "off"}
 
 _TEXT_ENCODER = None
 
@@ -57,3 +62,30 @@ def save_tiny_pipeline(folder: str | Path, seed: int = 0, **config_overrides) ->
     pipe = tiny_components(seed, **config_overrides)
     pipe.save_pretrained(folder)
     return Path(folder)
+
+
+def assert_frames_match(got: np.ndarray, expected: np.ndarray, *, fraction: float = 1e-3) -> None:
+    """The same video made another way (other processes, other thread counts, split sequences):
+    uint8 frames equal but for values one step off, in at most ``fraction`` of them. Float32 sums
+    that BLAS kernels block differently for other shapes or thread counts round ~1e-7 apart, and a
+    value on a rounding boundary may land one step off; a wrong chunk, seed, prompt or cache
+    differs in most values by far more."""
+    assert got.shape == expected.shape, (got.shape, expected.shape)
+    off = np.abs(got.astype(np.int16) - expected.astype(np.int16))
+    assert off.max() <= 1, f"largest difference {off.max()}"
+    assert np.count_nonzero(off) <= off.size * fraction, (
+        f"{np.count_nonzero(off)} of {off.size} values differ"
+    )
+
+
+def assert_decoded_match(got: np.ndarray, expected: np.ndarray) -> None:
+    """Two H.264 files of the same video made another way, decoded: a value one step off in the
+    frames given to the encoder can change x264's choice for a whole block, so a few values of a
+    few frames may differ by several steps; a wrong video differs everywhere (mean difference in
+    the tens for the tiny random model's frames)."""
+    assert got.shape == expected.shape, (got.shape, expected.shape)
+    off = np.abs(got.astype(np.int16) - expected.astype(np.int16))
+    assert off.mean() <= 0.1, f"mean difference {off.mean():.3f}"
+    assert np.count_nonzero(off > 1) <= off.size * 0.01, (
+        f"{np.count_nonzero(off > 1)} of {off.size} values >1 off"
+    )

@@ -1,5 +1,6 @@
 """Fixtures for the Ray tests: ONE local Ray instance per test session (2 CPUs, bound to 127.0.0.1,
-no dashboard) and a tiny pipeline folder the Ray workers load."""
+no dashboard) and a tiny pipeline folder the Ray workers load
+(float32: the tests compare the workers' frames with one process's, see ``assert_frames_match``)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,6 @@ def ray_cluster():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    from tests.tiny import save_tiny_pipeline
+    from tests.tiny import FP32, save_tiny_pipeline
 
-    return save_tiny_pipeline(tmp_path_factory.mktemp("tiny") / "pipeline")
+    return save_tiny_pipeline(tmp_path_factory.mktemp("tiny") / "pipeline", **FP32)

@@ -10,7 +10,7 @@ import torch
 
 from tests.distributed.launch import run_ranks
 from tests.models.conftest import relative_error
-from tests.tiny import save_tiny_pipeline
+from tests.tiny import FP32, assert_frames_match, save_tiny_pipeline
 from vidgen.pipelines import LongVideoPipeline, StreamControl
 
 # a prompt change half-way (re-cache under the new prompt), guidance (batch 2 in the cache), and
@@ -49,13 +49,14 @@ def _worker(rank: int, world: int, init_method: str, folder: Path) -> None:
 
 
 def test_sequence_parallel_video_equals_single_process(tmp_path):
-    """Ulysses gives the same uint8 frames bit for bit: each rank runs the very same per-head
-    attention over the whole sequence, and everything else is per token. Ring attention merges
-    per-block partial softmaxes in its own float32 arithmetic, which rounds differently from SDPA
-    (~1e-7 relative): the latents agree to 1e-5, and a value that sits on a uint8 rounding boundary
-    may land one step off (6 of 589,824 values here). In fp32: bf16 autocast would round the
-    single-process matmuls where ring attention keeps fp32."""
-    save_tiny_pipeline(tmp_path / "pipe", **{"runtime.autocast": "off"})
+    """Ulysses runs the very same per-head attention over the whole sequence on each rank, and
+    everything else per token: on the development machine its frames equal one process's bit for
+    bit, but the ranks' matmuls have other shapes and one thread, which some CPUs' BLAS kernels block
+    (and so round) differently. Ring attention merges per-block partial softmaxes in its own float32
+    arithmetic (~1e-7 relative from SDPA). Either way the latents agree to 1e-5 and a value on a
+    uint8 rounding boundary may land one step off (6 of 589,824 values for ring here). In fp32: bf16
+    autocast would round the single-process matmuls where ring attention keeps fp32."""
+    save_tiny_pipeline(tmp_path / "pipe", **FP32)
     run_ranks(_worker, 2, tmp_path)
     pipe = LongVideoPipeline.from_pretrained(tmp_path / "pipe")
     chunks = list(pipe.stream(**REQUEST))
@@ -64,10 +65,7 @@ def test_sequence_parallel_video_equals_single_process(tmp_path):
     assert expected.shape == (48, 64, 64, 3)
     for rank in range(2):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
-        assert np.array_equal(got["ulysses"], expected), f"rank {rank}"
-        assert torch.equal(got["ulysses_latents"], expected_latents)
-
-        assert relative_error(got["ring_latents"], expected_latents) <= 1e-5
-        off = np.abs(got["ring"].astype(np.int16) - expected.astype(np.int16))
-        assert off.max() <= 1 and np.count_nonzero(off) <= off.size * 1e-4, f"rank {rank}"
+        for kind in ("ulysses", "ring"):
+            assert relative_error(got[f"{kind}_latents"], expected_latents) <= 1e-5, (kind, rank)
+            assert_frames_match(got[kind], expected, fraction=1e-4)
         assert got["stopped_after"] == 2

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from tests.distributed.ray_network import listeners_off_loopback
+from tests.tiny import assert_decoded_match, assert_frames_match
+from vidgen import LongVideoPipeline
 from vidgen.cli import build_parser, main
 from vidgen.distributed.batch import JobFileError, read_jobs, run_batch
 from vidgen.distributed.ray_cluster import RayParallelism
@@ -32,8 +34,17 @@ def _write_jobs(path, jobs):
     return path
 
 
-def _single_process(model, job, folder) -> np.ndarray:
-    """The job rendered by the plain ``vidgen render`` (one process, no Ray)."""
+def _single_process(model, job) -> np.ndarray:
+    """The job's frames from one plain pipeline (one process, no Ray), before any encoding."""
+    pipe = LongVideoPipeline.from_pretrained(model)
+    board = [tuple(entry) for entry in job["storyboard"]] if "storyboard" in job else [(0.0, job["prompt"])]
+    return np.concatenate(
+        [c.frames for c in pipe.stream(storyboard=board, seconds=job["seconds"], generator=job["seed"])]
+    )
+
+
+def _cli_render(model, job, folder) -> np.ndarray:
+    """The job rendered by the plain ``vidgen render`` (one process, no Ray), decoded."""
     out = folder / f"reference-{job['seed']}.mp4"
     if "storyboard" in job:
         board = folder / f"board-{job['seed']}.json"
@@ -92,9 +103,13 @@ def test_batch_survives_a_killed_worker(ray_cluster, tiny_model_dir, tmp_path):
     assert {e.replica.index for e in events if e.kind == "start"} == {0, 1}  # both replicas worked
     ends = [e.job.number for e in events if e.kind == "end"]
     assert sorted(ends) == [1, 2, 3]
-    for job in jobs:
-        frames = read_video(job["out"])[0]
-        assert np.array_equal(frames, _single_process(tiny_model_dir, job, tmp_path))
+    for number, job in enumerate(jobs, start=1):
+        made = np.concatenate(
+            [e.chunk.frames for e in events if e.kind == "chunk" and e.job.number == number]
+        )
+        expected = _single_process(tiny_model_dir, job)
+        assert_frames_match(made, expected)
+        assert_decoded_match(read_video(job["out"])[0], _cli_render(tiny_model_dir, job, tmp_path))
         assert not os.path.exists(job["out"] + ".parts")
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.distributed.ray_network import listeners_off_loopback
-from tests.tiny import tiny_components
+from tests.tiny import FP32, assert_frames_match, tiny_components
 from vidgen.distributed.session_router import fallback_replica, owner_of
 from vidgen.pipelines.session import GenerationRequest, SessionNotFound
 
@@ -40,7 +40,7 @@ def sessions(ray_cluster, tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pipe():
-    return tiny_components()
+    return tiny_components(**FP32)  # as the workers' pipeline folder
 
 
 def _read(sessions, session_id) -> np.ndarray:
@@ -68,7 +68,7 @@ def test_requests_of_a_session_reach_the_replica_holding_it(sessions, pipe):
         assert sessions.replica_of(sid) == where
         second = _read(sessions, sid)
         expected = _uninterrupted(pipe, 1.5, seed, [(0.0, RED), (21 / 16, BLUE)])
-        assert np.array_equal(np.concatenate([first, second]), expected)
+        assert_frames_match(np.concatenate([first, second]), expected)
     for sid in opened:
         sessions.stop(sid)
     with pytest.raises(SessionNotFound):  # at the call, as LocalSessions.chunks does
@@ -87,7 +87,7 @@ def test_idle_session_is_evicted_then_resumes_from_its_persisted_cache(sessions,
     sessions.extend(sid, 1.0)  # restored from disk on its replica
     assert sessions.replica_of(sid) == {"replica": owner_of(sid), "live": True}
     rest = _read(sessions, sid)
-    assert np.array_equal(np.concatenate([first, rest]), _uninterrupted(pipe, 2.0, 11))
+    assert_frames_match(np.concatenate([first, rest]), _uninterrupted(pipe, 2.0, 11))
     sessions.stop(sid)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.tiny import tiny_components
+from tests.tiny import FP32, assert_frames_match, tiny_components
 from vidgen.distributed.session_store import SessionStore
 from vidgen.pipelines.session import GenerationRequest, SessionNotFound
 
@@ -18,7 +18,7 @@ FPS = 16
 
 @pytest.fixture(scope="module")
 def pipe():
-    return tiny_components()
+    return tiny_components(**FP32)  # as the workers' pipeline folder
 
 
 def _read(store, session_id) -> np.ndarray:
@@ -49,7 +49,7 @@ def test_extended_session_continues_seamlessly_with_a_new_prompt(pipe):
     second = _read(store, sid)  # the rest of the cut chunk (red), then blue from frame 21
     assert len(second) == 8
     expected = _uninterrupted(pipe, 1.5, 3, [(0.0, RED), (21 / FPS, BLUE)])
-    assert np.array_equal(np.concatenate([first, second]), expected)
+    assert_frames_match(np.concatenate([first, second]), expected)
     store.close()
 
 
@@ -66,7 +66,7 @@ def test_evicted_session_is_restored_from_disk(pipe, tmp_path, seconds):
     rest = _read(other, sid)
     other.close()
     assert other.restored == 1
-    assert np.array_equal(np.concatenate([first, rest]), _uninterrupted(pipe, seconds + 1.0, 5))
+    assert_frames_match(np.concatenate([first, rest]), _uninterrupted(pipe, seconds + 1.0, 5))
 
 
 def test_session_survives_a_crash_of_its_replica(pipe, tmp_path):
@@ -79,7 +79,7 @@ def test_session_survives_a_crash_of_its_replica(pipe, tmp_path):
     survivor.extend(sid, 1.0)
     rest = _read(survivor, sid)
     survivor.close()
-    assert np.array_equal(np.concatenate([first, rest]), _uninterrupted(pipe, 2.0, 6))
+    assert_frames_match(np.concatenate([first, rest]), _uninterrupted(pipe, 2.0, 6))
 
 
 def test_stop_forgets_the_session(pipe, tmp_path):
