@@ -37,6 +37,13 @@ def test_render_writes_a_decodable_mp4(model, tmp_path):
     assert not (tmp_path / "video.mp4.parts").exists()
 
 
+def test_positional_prompt_and_default_name(model, tmp_path):
+    """``vidgen render "a prompt"`` as in the README: the MP4 is named after the prompt, here."""
+    _render("--model", model, "A red circle, moving left!", "--seconds", 1, "--seed", 1, cwd=tmp_path)
+    info = probe_video(tmp_path / "a-red-circle-moving-left.mp4")
+    assert (info["frames"], info["width"]) == (16, 64)
+
+
 def test_storyboard_file(model, tmp_path):
     board = tmp_path / "board.toml"
     board.write_text(
@@ -85,6 +92,8 @@ def test_sigkill_then_resume_equals_uninterrupted(model, tmp_path):
     "args, message",
     [
         (["--prompt", " ", "--seconds", 2], "prompt is empty"),
+        ([PROMPT, "--prompt", PROMPT], "give the prompt once"),
+        (["--seconds", 2], "say what to render"),
         (["--prompt", PROMPT, "--seconds", -2], "--seconds must be positive"),
         (["--prompt", PROMPT, "--seconds", 1e9], "video length"),
         (["--prompt", PROMPT, "--height", 50], "multiples of 8"),

@@ -21,7 +21,8 @@ from vidgen.config import tomllib
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(name, help="render a video from a prompt or a storyboard")
-    what = p.add_mutually_exclusive_group(required=True)
+    p.add_argument("text", nargs="?", metavar="PROMPT", help="what the video shows (same as --prompt)")
+    what = p.add_mutually_exclusive_group()
     what.add_argument("--prompt", help="what the video shows")
     what.add_argument("--storyboard", help="TOML or JSON file of timed prompts (see the README)")
     what.add_argument(
@@ -40,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument(
         "--set", action="append", default=[], metavar="TABLE.KEY=VALUE", help="override a config value"
     )
-    p.add_argument("--out", help="output MP4 path (required unless --jobs)")
+    p.add_argument("--out", help="output MP4 path (default: named after the prompt, in this folder)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted render of the same --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--parallel", choices=["none", "ray"], default="none", help="run on Ray (see the README)")
@@ -136,17 +137,35 @@ def load_pipeline(args: argparse.Namespace):
         raise UsageError(str(err)) from None
 
 
+def _what_to_render(args: argparse.Namespace) -> None:
+    """The positional PROMPT is --prompt; exactly one of the three must be given."""
+    given = [flag for flag in ("prompt", "storyboard", "jobs") if getattr(args, flag)]
+    if args.text is not None:
+        if given:
+            raise UsageError(f"give the prompt once: PROMPT or --{given[0]}, not both")
+        args.prompt = args.text
+    elif not given:
+        raise UsageError("say what to render: a PROMPT, --prompt, --storyboard or --jobs")
+
+
+def default_out_name(what: str) -> str:
+    """``a red ball, bouncing!`` -> ``a-red-ball-bouncing.mp4`` (at most 60 characters before .mp4)."""
+    words = "".join(c if c.isalnum() else " " for c in what.lower()).split()
+    return ("-".join(words)[:60].rstrip("-") or "video") + ".mp4"
+
+
 def run(args: argparse.Namespace) -> int:
     from vidgen.config import ConfigError
     from vidgen.pipelines import InputError
     from vidgen.video import SegmentedRecording
 
+    _what_to_render(args)
     if args.jobs:
         from vidgen.distributed.batch import render_jobs
 
         return render_jobs(args)
     if not args.out:
-        raise UsageError("--out is required (the output MP4 path)")
+        args.out = default_out_name(args.prompt or Path(args.storyboard).stem)
     out = Path(args.out)
     if out.suffix.lower() != ".mp4":
         raise UsageError(f"--out must end in .mp4, got {args.out}")
