@@ -43,7 +43,10 @@ def export_pipeline(
     for sub in ("transformer", "vae"):
         shutil.rmtree(out / sub, ignore_errors=True)
     text_encoder = MiniLMTextEncoder.__new__(MiniLMTextEncoder)  # nothing of it is saved
-    save_components(out, transformer.to(_DTYPES[dtype]), vae.to(_DTYPES[dtype]), text_encoder, config)
+    # nn.Module.to, not diffusers' override: its warning about modules to keep in float32 is for
+    # running in that dtype; this is storage only, and the pipeline loads every weight in float32
+    stored = [torch.nn.Module.to(model, _DTYPES[dtype]) for model in (transformer, vae)]
+    save_components(out, *stored, text_encoder, config)
     (out / "training_state.json").write_text(
         json.dumps(
             {"transformer_step": state["step"], "transformer_wall_hours": state["wall_seconds"] / 3600},
