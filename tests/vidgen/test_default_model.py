@@ -1,0 +1,57 @@
+"""The embedded default model: ships inside the package, loads offline, renders a clip that the
+Shapes World evaluator judges."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vidgen import LongVideoPipeline
+from vidgen.pipelines.loading import default_model_dir
+from vidgen.shapes.evaluate import evaluate_video
+
+# the README's prompt: a phrasing ("ball", "bouncing") that no training caption uses verbatim
+PROMPT = "a red ball bouncing on a black background"
+
+
+def test_shipped_files_fit_the_budget_and_are_described():
+    folder = default_model_dir()
+    files = [f for f in folder.rglob("*") if f.is_file() and "__pycache__" not in f.parts]
+    assert sum(f.stat().st_size for f in files) <= 25 * 2**20  # the issue's 25 MB
+    names = {f.relative_to(folder).as_posix() for f in files}
+    assert {"model_index.json", "vidgen.toml", "MODEL_CARD.md"} <= names
+    assert "transformer/diffusion_pytorch_model.safetensors" in names
+    assert "vae/diffusion_pytorch_model.safetensors" in names
+    card = (folder / "MODEL_CARD.md").read_text()
+    for section in ("## Training", "## Evaluation", "## Limitations"):
+        assert section in card
+
+
+@pytest.fixture(scope="module")
+def clip():
+    pipe = LongVideoPipeline.from_pretrained()  # no argument: the embedded model, nothing downloaded
+    frames = np.concatenate([c.frames for c in pipe.stream(PROMPT, seconds=2, generator=0)])
+    return pipe, frames, evaluate_video(frames, PROMPT, fps=pipe.config.generation.fps)
+
+
+def test_loads_offline_and_renders_the_asked_scene(clip):
+    pipe, frames, report = clip
+    assert frames.shape == (32, 64, 64, 3) and frames.dtype == np.uint8
+    assert all(
+        p.dtype == np.float32 or str(p.dtype) == "torch.float32" for p in pipe.transformer.parameters()
+    )
+    assert pipe.transformer.config.num_layers == 8 and pipe.text_encoder.hidden_size == 384
+    # black, as asked, in every frame, and a red object in nearly every one (a random or broken
+    # model fails this at once)
+    assert not [f.index for f in report.frames if f.reason == "background"]
+    assert sum(f.reason in ("no_object", "color") for f in report.frames) <= 0.1 * len(report.frames)
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="issue 4 is blocked: the shipped checkpoint is under-trained and gets the shape wrong in "
+    "most frames (see MODEL_CARD.md, Limitations)",
+)
+def test_the_evaluator_accepts_the_clip(clip):
+    _, _, report = clip
+    assert report.adheres, report.failures
