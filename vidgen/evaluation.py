@@ -79,6 +79,12 @@ class VideoResult:
     change_latencies: list[float | None]
     failures: dict[str, int]
     real_time_factor: float
+    frame_pass_start: float
+    """Share of the first 10 seconds' frames (or the first tenth, if shorter) that pass rules 1-5."""
+    frame_pass_end: float
+    """The same for the last 10 seconds: below ``frame_pass_start`` when the video degrades."""
+    late_stats_distance: float | None
+    """Mean latent-statistics distance from the anchor over the last tenth of the chunks."""
     drift: list[dict] = field(default_factory=list)
     """Per chunk: time, stats distance, change energy, frozen, repetition, corrected."""
 
@@ -99,6 +105,9 @@ def run_video(pipe, prompt: Prompt, seconds: float, seed: int) -> tuple[VideoRes
     video = np.concatenate(frames)
     fps = pipe.config.generation.fps
     report = _judge(video, prompt, fps)
+    span = max(1, min(10 * fps, len(video) // 10))
+    passed = [f.passed for f in report.frames]
+    late = [d["stats_distance"] for d in drift[-max(1, len(drift) // 10) :]]
     result = VideoResult(
         prompt=prompt,
         seconds=seconds,
@@ -112,6 +121,9 @@ def run_video(pipe, prompt: Prompt, seconds: float, seed: int) -> tuple[VideoRes
         change_latencies=report.change_latencies,
         failures=dict(report.failures),
         real_time_factor=len(video) / fps / elapsed,
+        frame_pass_start=float(np.mean(passed[:span])),
+        frame_pass_end=float(np.mean(passed[-span:])),
+        late_stats_distance=float(np.mean(late)) if late else None,
         drift=drift,
     )
     return result, video, report
@@ -139,6 +151,11 @@ def summarize(results: Sequence[VideoResult]) -> dict[str, object]:
         else None,
         "median_change_latency": float(np.median([x for x in latencies if x is not None]))
         if any(x is not None for x in latencies)
+        else None,
+        "frame_pass_start": float(np.mean([r.frame_pass_start for r in results])),
+        "frame_pass_end": float(np.mean([r.frame_pass_end for r in results])),
+        "late_stats_distance": float(np.mean(late))
+        if (late := [r.late_stats_distance for r in results if r.late_stats_distance is not None])
         else None,
         "real_time_factor": float(np.mean([r.real_time_factor for r in results])),
         "failures": failures,

@@ -86,3 +86,41 @@ def test_eval_judges_an_mp4(tmp_path):
     missing = _eval_cli("--video", tmp_path / "none.mp4", "--prompt", "a red ball on a black background")
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert np.isfinite(json.loads(good.stdout)["frame_pass_rate"])
+
+
+class _Replay:
+    """Stands in for a pipeline: streams given frames in 8-frame chunks with given drift measures,
+    so the harness's per-video figures can be checked against a known answer."""
+
+    def __init__(self, frames, distances):
+        from types import SimpleNamespace
+
+        from vidgen.pipelines.drift import DriftMeasures
+
+        self.config = SimpleNamespace(generation=SimpleNamespace(fps=16))
+        self.chunks = [
+            SimpleNamespace(
+                frames=frames[i : i + 8],
+                start_time=i / 16,
+                metrics=SimpleNamespace(drift=DriftMeasures(d, 0.1, False, 0.0, False)),
+            )
+            for i, d in zip(range(0, len(frames), 8), distances)
+        ]
+
+    def stream(self, **kwargs):
+        yield from self.chunks
+
+
+def test_start_and_end_figures_show_a_video_that_degrades():
+    scene = world.Scene(
+        background="black", color="red", shape="square", size="large", speed="slow", direction="right"
+    )
+    frames = world.render_clip(scene, 480, size=64, rng=0).frames.copy()  # 30 s
+    frames[320:] = 0  # the object is lost for the last 10 s
+    distances = [0.1] * 54 + [2.0] * 6  # and the last tenth of the chunks drifts
+    prompt = "a large red square moving right on a black background"
+    result, _, _ = evaluation.run_video(_Replay(frames, distances), prompt, 30, seed=0)
+    assert result.frame_pass_start == 1.0 and result.frame_pass_end == 0.0
+    assert abs(result.late_stats_distance - 2.0) < 1e-9
+    summary = evaluation.summarize([result])
+    assert summary["frame_pass_start"] == 1.0 and summary["frame_pass_end"] == 0.0

@@ -51,15 +51,19 @@ def _print_table(report: dict) -> None:
         ("drift-free videos", "drift_free_rate"),
         ("drift-free 10-s windows", "drift_free_window_rate"),
         ("changes within 1 s", "changes_within_1s"),
+        ("frames passing, first 10 s", "frame_pass_start"),
+        ("frames passing, last 10 s", "frame_pass_end"),
+        ("late stats distance", "late_stats_distance"),
         ("real-time factor", "real_time_factor"),
     ]
     names = list(report)
-    print(f"{'':24s}" + "".join(f"{n:>20s}" for n in names))
+    width = max(12, *(len(n) + 2 for n in names))
+    print(f"{'':24s}" + "".join(f"{n:>{width}s}" for n in names))
     for label, key in rows:
         cells = []
         for name in names:
             value = report[name].get(key)
-            cells.append(f"{'-':>20s}" if value is None else f"{value:>20.3f}")
+            cells.append(f"{'-':>{width}s}" if value is None else f"{value:>{width}.3f}")
         print(f"{label:24s}" + "".join(cells))
     for name in names:
         failures = report[name].get("failures") or {}
