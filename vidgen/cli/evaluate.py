@@ -58,13 +58,13 @@ def _print_table(report: dict) -> None:
     ]
     names = list(report)
     width = max(12, *(len(n) + 2 for n in names))
-    print(f"{'':24s}" + "".join(f"{n:>{width}s}" for n in names))
+    print(f"{'':28s}" + "".join(f"{n:>{width}s}" for n in names))
     for label, key in rows:
         cells = []
         for name in names:
             value = report[name].get(key)
             cells.append(f"{'-':>{width}s}" if value is None else f"{value:>{width}.3f}")
-        print(f"{label:24s}" + "".join(cells))
+        print(f"{label:28s}" + "".join(cells))
     for name in names:
         failures = report[name].get("failures") or {}
         if failures:
