@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.tiny import TINY_TRANSFORMER
 from vidgen.training.autoencoder import finalize_autoencoder, train_autoencoder
 from vidgen.training.configs import AutoencoderTrainConfig, TransformerTrainConfig
 from vidgen.training.loop import cosine_lr
@@ -18,18 +19,7 @@ TINY_DIT = dict(
     max_gap=4,
     compile=False,
     log_every=5,
-    model=dict(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=16,
-        in_channels=4,
-        out_channels=4,
-        text_dim=384,
-        freq_dim=32,
-        ffn_dim=64,
-        num_layers=2,
-        rope_max_seq_len=32,
-    ),
+    model={**TINY_TRANSFORMER, "rope_max_seq_len": 32},
 )
 
 
