@@ -111,3 +111,48 @@ def test_compact_checkpoint_resumes(autoencoder, tmp_path):
     train_transformer(TransformerTrainConfig(run_dir=str(compact), steps=20, **config))
     state = json.loads((compact / "latest" / "state.json").read_text())
     assert state["step"] == 20 and (compact / "latest" / "optimizer.safetensors").exists()
+
+
+def test_sigterm_saves_the_step_and_stops(tmp_path):
+    import dataclasses
+    import os
+    import signal
+
+    from vidgen.training.loop import TrainingRun
+
+    @dataclasses.dataclass
+    class Config:
+        run_dir: str = str(tmp_path)
+        steps: int = 100
+        minutes: float = 0.0
+        stretch_steps: int = 0
+        lr: float = 1e-2
+        warmup: int = 1
+        log_every: int = 1000
+        save_every: int = 1000
+        ema_decay: float = 0.9
+
+    previous = signal.getsignal(signal.SIGTERM)
+    model = torch.nn.Linear(2, 1)
+    run = TrainingRun(Config(), model, torch.optim.SGD(model.parameters(), lr=1e-2), lr_floor=0.1)
+    assert run.update(model(torch.ones(1, 2)).square().sum())
+    os.kill(os.getpid(), signal.SIGTERM)  # handled: the process lives on
+    assert not run.update(model(torch.ones(1, 2)).square().sum())  # the stretch ends at this step
+    state = json.loads((tmp_path / "latest" / "state.json").read_text())
+    assert state["step"] == 2  # saved although save_every is far away
+    run.finish()
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_batched_text_pair_equals_prompt_by_prompt_encoding():
+    from vidgen.models.text_encoders import MiniLMTextEncoder
+    from vidgen.training.transformer import text_pair, text_pair_batched
+
+    encoder = MiniLMTextEncoder.load(max_length=16)
+    texts = ["a red circle moving left on a black background", "", "a tiny blue box"]
+    previous = [texts[0], "", "a green wedge drifting up over a beige backdrop"]
+    batched = text_pair_batched(encoder, texts, previous)
+    assert batched.shape == (3, 32, 384)
+    # the same embeddings, up to BLAS rounding of a batch of another shape
+    torch.testing.assert_close(batched, text_pair(encoder, texts, previous), atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(batched[0], batched[2], atol=1e-2)

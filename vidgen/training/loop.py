@@ -4,6 +4,8 @@ checkpoints, a per-stretch time budget and resuming."""
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -27,8 +29,9 @@ def cosine_lr(step: int, *, lr: float, warmup: int, steps: int, floor: float) ->
 class TrainingRun:
     """``config`` needs ``run_dir``, ``steps``, ``minutes``, ``stretch_steps``, ``lr``, ``warmup``,
     ``log_every``, ``save_every`` and ``ema_decay``; ``evaluate`` (optional) runs at every save on
-    the EMA model. A stretch ends after ``minutes`` or ``stretch_steps`` (0: no limit); rerunning
-    continues from the saved state as if it had never stopped."""
+    the EMA model. A stretch ends after ``minutes`` or ``stretch_steps`` (0: no limit), or at the
+    first step after SIGTERM or SIGINT, saving first; rerunning continues from the saved state as
+    if it had never stopped."""
 
     def __init__(
         self,
@@ -62,6 +65,15 @@ class TrainingRun:
         self.first_step = self.step
         self.last_save = self.step
         self._losses: list[float] = []
+        self.stop_requested = False
+        self._previous_handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous_handlers[sig] = signal.signal(sig, self._request_stop)
+
+    def _request_stop(self, signum, frame) -> None:
+        # finish the step in flight, save, stop: a killed session loses no training
+        self.stop_requested = True
 
     @property
     def done(self) -> bool:
@@ -99,8 +111,10 @@ class TrainingRun:
             )
             self._losses = []
         stretch = getattr(self.config, "stretch_steps", 0)
-        out_of_time = (self.config.minutes > 0 and elapsed > self.config.minutes * 60) or (
-            stretch > 0 and self.step - self.first_step >= stretch
+        out_of_time = (
+            (self.config.minutes > 0 and elapsed > self.config.minutes * 60)
+            or (stretch > 0 and self.step - self.first_step >= stretch)
+            or self.stop_requested
         )
         if self.step % self.config.save_every == 0 or self.done or out_of_time:
             self.save()
@@ -127,4 +141,7 @@ class TrainingRun:
     def finish(self) -> Path:
         if self.last_save != self.step:
             self.save()
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers = {}
         return self.run_dir / "latest"
