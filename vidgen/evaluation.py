@@ -76,6 +76,8 @@ class VideoResult:
     direction_ok: bool
     drift_free_rate: float
     drift_free: bool
+    shape_right_rate: float
+    """Share of frames whose object has the named shape."""
     change_latencies: list[float | None]
     failures: dict[str, int]
     real_time_factor: float
@@ -118,6 +120,7 @@ def run_video(pipe, prompt: Prompt, seconds: float, seed: int) -> tuple[VideoRes
         direction_ok=report.direction_ok,
         drift_free_rate=report.drift_free_rate,
         drift_free=report.drift_free,
+        shape_right_rate=report.shape_right_rate,
         change_latencies=report.change_latencies,
         failures=dict(report.failures),
         real_time_factor=len(video) / fps / elapsed,
@@ -142,6 +145,7 @@ def summarize(results: Sequence[VideoResult]) -> dict[str, object]:
         "adherence_rate": float(np.mean([r.adheres for r in results])),
         "frame_pass_rate": float(np.mean([r.frame_pass_rate for r in results])),
         "window_pass_rate": float(np.mean([r.window_pass_rate for r in results])),
+        "shape_right_rate": float(np.mean([r.shape_right_rate for r in results])),
         "direction_ok_rate": float(np.mean([r.direction_ok for r in results])),
         "drift_free_rate": float(np.mean([r.drift_free for r in results])),
         "drift_free_window_rate": float(np.mean([r.drift_free_rate for r in results])),

@@ -274,3 +274,18 @@ def test_a_ten_minute_video_is_judged_in_well_under_a_minute():
     assert time.perf_counter() - start < 30
     _assert_perfect(report)
     assert len(report.drift_free_windows) == 60
+
+
+def test_shape_right_rate_counts_the_frames_with_the_named_shape(clip_and_scene):
+    clip, scene = clip_and_scene
+    assert evaluate_video(clip.frames, scene).shape_right_rate == 1.0
+    assert evaluate_video(clip.frames, scene.replace(shape="circle")).shape_right_rate == 0.0
+    # a storyboard that names a triangle from 1 s on: the frames judged by it have the wrong shape
+    board = [(0.0, scene), (1.0, scene.replace(shape="triangle"))]
+    report = evaluate_video(clip.frames, board)
+    wrong = sum(f.caption == 1 for f in report.frames)
+    assert 0 < wrong < len(clip.frames)
+    assert report.shape_right_rate == pytest.approx(1 - wrong / len(clip.frames))
+    blank = np.zeros_like(clip.frames)
+    blank[...] = clip.frames[0, 0, 0]  # the background alone: no object, no shape
+    assert evaluate_video(blank, scene).shape_right_rate == 0.0

@@ -47,6 +47,7 @@ def _print_table(report: dict) -> None:
         ("adherence", "adherence_rate"),
         ("frames passing", "frame_pass_rate"),
         ("1-s windows passing", "window_pass_rate"),
+        ("shape right (frames)", "shape_right_rate"),
         ("direction right", "direction_ok_rate"),
         ("drift-free videos", "drift_free_rate"),
         ("drift-free 10-s windows", "drift_free_window_rate"),

@@ -61,6 +61,16 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     cp.add_argument("--out", required=True)
     cp.set_defaults(run=_run_compact)
 
+    cu = parts.add_parser("curve", help="add a `vidgen eval` report to the training curve and draw it")
+    cu.add_argument("--report", required=True, help="report.json written by `vidgen eval --held-out N`")
+    cu.add_argument("--run-dir", help="transformer run whose latest checkpoint was evaluated")
+    cu.add_argument("--step", type=int, help="training step (instead of --run-dir)")
+    cu.add_argument("--hours", type=float, help="training wall hours (instead of --run-dir)")
+    cu.add_argument("--curve", default="vidgen/default_model/curve.json", help="the points (JSON)")
+    cu.add_argument("--png", default="vidgen/default_model/training_curve.png", help="the picture")
+    cu.add_argument("--note", default="", help="what changed at this point (recipe, schedule)")
+    cu.set_defaults(run=_run_curve)
+
     ex = parts.add_parser("export", help="assemble a pipeline folder from trained parts")
     ex.add_argument(
         "--transformer-run", required=True, help="transformer run folder (its EMA weights are used)"
@@ -104,6 +114,33 @@ def _run_compact(args: argparse.Namespace) -> int:
     from vidgen.training.checkpoint import export_compact_checkpoint
 
     print(f"wrote {export_compact_checkpoint(args.run_dir, args.out)}")
+    return 0
+
+
+def _run_curve(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from vidgen.training.curve import add_point, curve_point, plot_curve
+
+    if args.run_dir:
+        state_file = Path(args.run_dir) / "latest" / "state.json"
+        if not state_file.is_file():
+            raise UsageError(f"no checkpoint in {args.run_dir} (missing {state_file})")
+        state = json.loads(state_file.read_text())
+        step, hours = state["step"], state["wall_seconds"] / 3600
+    elif args.step is not None and args.hours is not None:
+        step, hours = args.step, args.hours
+    else:
+        raise UsageError("say which checkpoint was evaluated: --run-dir RUN, or --step N --hours H")
+    try:
+        report = json.loads(Path(args.report).read_text())
+        point = curve_point(report, step, hours, args.note)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"{args.report}: {err}") from None
+    points = add_point(args.curve, point)
+    plot_curve(points, args.png)
+    print(f"{len(points)} points in {args.curve}; drew {args.png}")
     return 0
 
 

@@ -197,6 +197,9 @@ class VideoReport:
     adheres: bool
     drift_free_rate: float
     drift_free: bool
+    shape_right_rate: float
+    """Share of frames whose object has the shape their caption names (rule 4 alone; a frame with
+    no object counts as wrong): the figure that shows whether a model learned shape at all."""
     failures: dict[str, int]
     """Counts of failed frames by first reason, failed windows by check ("motion",
     "reversal"), captions failing rule 7 ("direction"), and late changes ("change_latency")."""
@@ -253,6 +256,8 @@ def evaluate_video(frames: np.ndarray, prompt: PromptOrStoryboard, fps: int = FP
     direction_ok = all(s.direction_ok is not False for s in segments)
     changes_ok = all(s.within_one_second for s in segments[1:])
     drift_free_rate = float(np.mean([w.passed for w in long_windows]))
+    named_shape = np.array([SHAPES.index(timeline.specs[k].shape) for k in judged_by])
+    shape_right_rate = float(np.mean(m.shape_index == named_shape))
     failures = Counter(FRAME_REASONS[c - 1] for c in codes[codes > 0].tolist())
     failures.update(
         motion=sum(not w.motion_ok for w in windows),
@@ -276,6 +281,7 @@ def evaluate_video(frames: np.ndarray, prompt: PromptOrStoryboard, fps: int = FP
         adheres=min(frame_pass_rate, window_pass_rate) >= PASS_RATE and direction_ok and changes_ok,
         drift_free_rate=drift_free_rate,
         drift_free=drift_free_rate >= DRIFT_FREE_RATE and direction_ok,
+        shape_right_rate=shape_right_rate,
         failures={reason: count for reason, count in failures.items() if count},
         measurements=m,
     )
@@ -299,6 +305,7 @@ def summarize(reports: Sequence[VideoReport]) -> dict[str, float | int | dict[st
         "direction_ok_rate": float(np.mean([r.direction_ok for r in reports])),
         "drift_free_rate": float(np.mean([r.drift_free_rate for r in reports])),
         "drift_free_video_rate": float(np.mean([r.drift_free for r in reports])),
+        "shape_right_rate": float(np.mean([r.shape_right_rate for r in reports])),
         "changes": len(changes),
         "change_within_1s_rate": float(np.mean([bool(s.within_one_second) for s in changes]))
         if changes
