@@ -31,6 +31,7 @@ from vidgen.models import CausalWanTransformer, KVCache, TextContext
 from vidgen.pipelines import loading
 from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning
 from vidgen.pipelines.drift import DriftMeasures, DriftMonitor, StatsAnchor
+from vidgen.pipelines.lora import LongVideoLoraLoaderMixin
 from vidgen.pipelines.plan import (
     ChunkPlan,
     ChunkPlanner,
@@ -117,8 +118,11 @@ def _randn(shape, generator: torch.Generator, device: torch.device) -> torch.Ten
     return torch.randn(shape, generator=generator, dtype=torch.float32).to(device)
 
 
-class LongVideoPipeline:
-    """Long-video generation with a causal Wan 2.1-compatible transformer (see module docstring)."""
+class LongVideoPipeline(LongVideoLoraLoaderMixin):
+    """Long-video generation with a causal Wan 2.1-compatible transformer (see module docstring).
+
+    LoRA: ``load_lora_weights``, ``set_adapters``, ``fuse_lora``, ``unfuse_lora`` and
+    ``unload_lora_weights`` as in diffusers' Wan pipelines (see :mod:`vidgen.pipelines.lora`)."""
 
     def __init__(
         self,
@@ -159,6 +163,7 @@ class LongVideoPipeline:
         vae = loading.load_vae(folder, config)
         text_encoder = loading.load_text_encoder(folder, config)
         pipe = cls(transformer, vae, text_encoder, config)
+        pipe.apply_config_loras(config.model.loras)
         device = pipe.device_from_config()
         if config.runtime.cpu_offload and device.type != "cpu":
             pipe.enable_model_cpu_offload(device)

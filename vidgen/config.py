@@ -61,6 +61,9 @@ class ModelConfig:
     transformer: str = ""
     """Optional transformer checkpoint replacing the folder's (a causal Wan 2.1 file or folder,
     diffusers or original key layout, e.g. Self Forcing / CausVid / LongLive converted to safetensors)."""
+    loras: list[str] = field(default_factory=list)
+    """LoRAs fused into the transformer at load time, each ``"PATH"`` or ``"PATH:SCALE"`` (a
+    ``.safetensors`` or ``.pt`` file or a folder; diffusers, original Wan or LongLive layout)."""
     text_encoder: TextEncoderKind = "minilm"
     """Prompt encoder: ``minilm`` (ships with vidgen) or ``umt5`` (Wan 2.1, from the folder)."""
     text_max_length: int = 32
@@ -76,6 +79,8 @@ class ModelConfig:
         _check_choice("model.vae", self.vae, get_args(VaeKind))
         _check_choice("model.text_conditioning", self.text_conditioning, get_args(TextConditioning))
         _check_positive("model.text_max_length", self.text_max_length)
+        if any(not spec.strip() or spec.endswith(":") for spec in self.loras):
+            raise ConfigError(f"model.loras: each entry is 'PATH' or 'PATH:SCALE', got {self.loras!r}")
 
 
 @dataclass
@@ -270,6 +275,11 @@ def _build(cls: type, values: dict[str, Any], source: str):
 
 
 def _check_type(name: str, value: Any, hint: Any) -> None:
+    if getattr(hint, "__origin__", None) is list:
+        item = get_args(hint)[0]
+        if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
+            raise ConfigError(f"{name} must be a list of {item.__name__}, got {value!r}")
+        return
     base = hint
     if getattr(hint, "__origin__", None) is Literal:
         base = type(get_args(hint)[0])
@@ -286,7 +296,21 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return repr(value)
+
+
+def parse_lora_spec(spec: str) -> tuple[str, float]:
+    """A ``model.loras`` / ``--lora`` entry, ``PATH[:SCALE]`` -> (path, scale); the scale defaults to 1
+    (a suffix that is not a number is part of the path)."""
+    path, sep, scale = spec.rpartition(":")
+    if sep and path:
+        try:
+            return path, float(scale)
+        except ValueError:
+            pass
+    return spec, 1.0
 
 
 def preset_names() -> list[str]:
