@@ -28,9 +28,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vidgen.models.wan_checkpoint import load_weights_file
+from vidgen.models.wan_checkpoint import load_weights_file, strip_wrappers
 
-_WRAPPER_FRAGMENTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 _PREFIXES = ("base_model.model.", "model.diffusion_model.", "diffusion_model.", "model.")
 
 # Keys of the original Wan layout that diffusers' converter maps (anything else is refused by name).
@@ -57,8 +56,7 @@ def read_lora_file(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def _strip(key: str) -> str:
-    for fragment in _WRAPPER_FRAGMENTS:
-        key = key.replace(fragment, "")
+    key = strip_wrappers(key)
     for prefix in _PREFIXES:
         if key.startswith(prefix):
             return key[len(prefix) :]

@@ -46,7 +46,7 @@ STATE_DICT_KEYS = ("generator_ema", "generator", "model", "state_dict", "module"
 PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt"}
 
 # original config name -> diffusers config name
-_CONFIG_NAMES = {
+WAN_CONFIG_NAMES = {
     "in_dim": "in_channels",
     "out_dim": "out_channels",
     "ffn_dim": "ffn_dim",
@@ -61,9 +61,14 @@ _CONFIG_NAMES = {
 WAN_HEAD_DIM = 128  # every released Wan 2.1 size uses 128 channels per head
 
 
-def original_to_diffusers_key(key: str) -> str:
+def strip_wrappers(key: str) -> str:
     for fragment in _WRAPPER_FRAGMENTS:
         key = key.replace(fragment, "")
+    return key
+
+
+def original_to_diffusers_key(key: str) -> str:
+    key = strip_wrappers(key)
     for prefix in _PREFIXES:
         if key.startswith(prefix):
             key = key[len(prefix) :]
@@ -173,20 +178,32 @@ def load_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
 
 
 def config_from_original(
-    path: Path, state_dict: dict[str, torch.Tensor], overrides: dict | None = None
+    path: Path | None,
+    state_dict: dict[str, torch.Tensor],
+    overrides: dict | None = None,
+    original: dict | None = None,
 ) -> dict:
-    """diffusers-style config for an original-layout checkpoint: ``overrides`` first, then its
-    config.json when there is one (Wan's names: dim, num_heads, ...), then the tensor shapes (heads
-    of 128 channels, as in every released Wan 2.1 size)."""
-    config_file = (path if path.is_dir() else path.parent) / "config.json"
-    original = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    """diffusers-style config for a (converted) original-layout state dict: ``overrides`` first
+    (diffusers' names), then ``original`` (Wan's names: dim, num_heads, ...; by default the
+    config.json next to ``path`` when there is one), then the tensor shapes (heads of 128 channels,
+    as in every released Wan 2.1 size)."""
+    source = "config"
+    if original is None:
+        config_file = (path if path.is_dir() else path.parent) / "config.json"
+        original = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        source = str(config_file)
     if "model_type" in original and original["model_type"] not in ("t2v", None):
-        raise ValueError(f"{config_file}: model_type={original['model_type']!r} is not supported (only t2v)")
-    config = {new: original[old] for old, new in _CONFIG_NAMES.items() if old in original}
+        raise ValueError(f"{source}: model_type={original['model_type']!r} is not supported (only t2v)")
+    config = {new: original[old] for old, new in WAN_CONFIG_NAMES.items() if old in original}
     config.update(overrides or {})
 
     weight = state_dict["patch_embedding.weight"]  # (dim, in_channels, p_t, p_h, p_w)
     dim = original.get("dim", weight.shape[0])
+    if "num_attention_heads" not in config and dim % WAN_HEAD_DIM:
+        raise ValueError(
+            f"the model is {dim} channels wide, not a whole number of {WAN_HEAD_DIM}-channel heads: "
+            "give its geometry (num_attention_heads) in a config"
+        )
     config.setdefault("in_channels", weight.shape[1])
     config.setdefault("patch_size", list(weight.shape[2:]))
     config.setdefault("num_attention_heads", dim // WAN_HEAD_DIM)

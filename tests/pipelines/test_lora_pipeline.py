@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from tests.models.test_lora import BLOCK_LINEARS, merged_by_hand, original_layout, synthetic_lora
+from tests.lora_factors import merged_by_hand, original_layout, synthetic_lora
 from tests.tiny import FP32, save_tiny_pipeline, tiny_components
 from vidgen.config import load_config
 from vidgen.pipelines import LongVideoPipeline, ModelLoadError
