@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from vidgen.attention import attention_backend
-from vidgen.config import VidgenConfig
+from vidgen.config import GenerationConfig, VidgenConfig
 from vidgen.models import CausalWanTransformer, KVCache, TextContext
 from vidgen.pipelines import loading
 from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning
@@ -308,7 +308,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         prefix_latents: int = 0,
     ) -> ChunkPlanner:
         g, d = config.generation, config.drift
-        schedule = FlowSchedule(num_inference_steps, g.shift, g.sampler)
+        schedule = flow_schedule(g, num_inference_steps)
         return ChunkPlanner(
             chunk_frames=g.chunk_frames,
             sink_frames=g.sink_frames,
@@ -515,6 +515,14 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         return encode_video(self.vae, tensor)
 
 
+def flow_schedule(g: GenerationConfig, steps: int) -> FlowSchedule:
+    """The sampler's schedule: the config's explicit timesteps, or ``steps`` shifted uniform levels."""
+    try:
+        return FlowSchedule(steps, g.shift, g.sampler, tuple(g.timesteps))
+    except ValueError as err:
+        raise InputError(str(err)) from None
+
+
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 in hardware (AVX-512 BF16 or AMX), from /proc/cpuinfo."""
     try:
@@ -588,7 +596,7 @@ class _Run:
         )
         self.denoiser = ChunkDenoiser(
             pipe.transformer,
-            FlowSchedule(steps, g.shift, g.sampler),
+            flow_schedule(g, steps),
             rope_mode=g.rope_mode,
             context_noise=g.addnoise_condition,
             chunk_frames=g.chunk_frames,

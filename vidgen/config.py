@@ -92,6 +92,9 @@ class GenerationConfig:
     fps: int = 16
     """Frames per second of the output video."""
     num_inference_steps: int = 4
+    timesteps: list[float] = field(default_factory=list)
+    """Explicit denoising timesteps (0-1000, decreasing; one per step) replacing the shifted
+    uniform schedule, for models distilled on a fixed list (CausVid: [1000, 757, 522])."""
     guidance_scale: float = 1.0
     """Classifier-free guidance (1.0: off, one model call per step)."""
     negative_prompt: str = ""
@@ -144,6 +147,17 @@ class GenerationConfig:
             raise ConfigError(
                 "generation: sink_frames + window_frames must be > 0 (the KV cache needs a slot)"
             )
+        if self.timesteps:
+            if len(self.timesteps) != self.num_inference_steps:
+                raise ConfigError(
+                    f"generation.timesteps has {len(self.timesteps)} values: set num_inference_steps = "
+                    f"{len(self.timesteps)}"
+                )
+            pairs = zip(self.timesteps, self.timesteps[1:])
+            if not (self.timesteps[-1] > 0 and self.timesteps[0] <= 1000) or any(a <= b for a, b in pairs):
+                raise ConfigError(
+                    f"generation.timesteps must decrease within (0, 1000], got {self.timesteps}"
+                )
         if self.ar_step > self.num_inference_steps:
             raise ConfigError(
                 f"generation.ar_step={self.ar_step} exceeds num_inference_steps={self.num_inference_steps}"
@@ -277,7 +291,10 @@ def _build(cls: type, values: dict[str, Any], source: str):
 def _check_type(name: str, value: Any, hint: Any) -> None:
     if getattr(hint, "__origin__", None) is list:
         item = get_args(hint)[0]
-        if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
+        kinds = (int, float) if item is float else item  # TOML writes 1000, not 1000.0
+        if not isinstance(value, list) or not all(
+            isinstance(v, kinds) and not isinstance(v, bool) for v in value
+        ):
             raise ConfigError(f"{name} must be a list of {item.__name__}, got {value!r}")
         return
     base = hint
