@@ -45,12 +45,15 @@ def merged_by_hand(model, lora, scale: float = 1.0):
     return merged
 
 
-def diffusers_layout(lora):
-    """``transformer.blocks.N.attn1.to_q.lora_A.weight``: diffusers / peft (alpha = rank)."""
+def diffusers_layout(lora, with_alpha: bool = False):
+    """``transformer.blocks.N.attn1.to_q.lora_A.weight``: diffusers / peft (alpha = rank unless
+    ``.alpha`` keys are written)."""
     state = {}
-    for name, (a, b, _alpha) in lora.items():
+    for name, (a, b, alpha) in lora.items():
         state[f"transformer.{name}.lora_A.weight"] = a
         state[f"transformer.{name}.lora_B.weight"] = b
+        if with_alpha:
+            state[f"transformer.{name}.alpha"] = torch.tensor(alpha)
     return state
 
 

@@ -5,8 +5,9 @@ context window, sampler), ``[drift]`` (drift-correction switches) and ``[runtime
 attention backend, compile, offload). Unknown keys are an error that names the key; every field
 is validated in ``__post_init__`` with a message that says what to change.
 
-Presets: ``default`` (the embedded Shapes World model) and ``wan2.1-t2v-1.3b-causal`` (local Wan
-2.1 / Self Forcing / CausVid / LongLive weights). ``load_config("default")`` reads a preset by name,
+Presets: ``default`` (the embedded Shapes World model), ``wan2.1-t2v-1.3b-causal`` (local Wan 2.1
+causal weights), and the published systems with their own settings: ``self-forcing``,
+``self-forcing-framewise``, ``causvid``, ``longlive``, ``rolling-forcing``. ``load_config("default")`` reads a preset by name,
 ``load_config("path/to/file.toml")`` a file; ``config.replace(**{"generation.window_frames": 8})``
 applies overrides.
 """
@@ -60,7 +61,7 @@ class ModelConfig:
     """Local folder of a saved pipeline (``model_index.json``); empty: the embedded default model."""
     transformer: str = ""
     """Optional transformer checkpoint replacing the folder's (a causal Wan 2.1 file or folder,
-    diffusers or original key layout, e.g. Self Forcing / CausVid / LongLive converted to safetensors)."""
+    diffusers or original key layout, e.g. Self Forcing / CausVid / LongLive after ``vidgen convert``)."""
     loras: list[str] = field(default_factory=list)
     """LoRAs fused into the transformer at load time, each ``"PATH"`` or ``"PATH:SCALE"`` (a
     ``.safetensors`` or ``.pt`` file or a folder; diffusers, original Wan or LongLive layout)."""

@@ -81,6 +81,12 @@ def test_diffusers_layout_matches_hand_merge():
     assert_matches_hand_merge(model, lora, _adapter(diffusers_layout(lora)))
 
 
+def test_diffusers_layout_with_alpha_keys():
+    model = _model()
+    lora = synthetic_lora(model, {"k": "attn1.to_k", "f": "ffn.net.0.proj"}, alpha=8.0)  # twice r
+    assert_matches_hand_merge(model, lora, _adapter(diffusers_layout(lora, with_alpha=True)))
+
+
 @pytest.mark.parametrize("prefix", ["", "diffusion_model.", "base_model.model."])
 def test_original_layout_with_alpha_matches_hand_merge(prefix):
     """alpha = 2 on rank 4: the LoRA acts at half strength (diffusers' converter folds alpha / r)."""
