@@ -104,7 +104,10 @@ def normalize_lora_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, 
 def check_lora_keys(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
     """Every ``transformer.<module>.lora_*`` key must name a linear layer of ``model`` with matching
     shapes; raises ``ValueError`` naming the first keys that do not."""
-    linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    # a layer that already carries an adapter is peft's wrapper around ``<name>.base_layer``
+    linears = {
+        name.removesuffix(".base_layer"): m for name, m in model.named_modules() if isinstance(m, nn.Linear)
+    }
     unknown, mismatched = [], []
     for key, value in state_dict.items():
         match = _DIFFUSERS_KEY.match(key.removeprefix("transformer."))

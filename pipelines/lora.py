@@ -51,12 +51,14 @@ class LongVideoLoraLoaderMixin(WanLoraLoaderMixin):
         """A LoRA (a local file or folder, or a state dict) in diffusers' ``transformer.*`` keys.
         Never downloads; ``.pt`` files are read with ``torch.load(weights_only=True)``."""
         return_metadata = kwargs.pop("return_lora_metadata", False)
+        weight_name = kwargs.pop("weight_name", None)  # a file inside a folder, as in diffusers
         source = pretrained_model_name_or_path_or_dict
         try:
             if isinstance(source, dict):
                 state = normalize_lora_state_dict(source)
             else:
-                path = _lora_file(Path(source).expanduser())
+                path = Path(source).expanduser()
+                path = _lora_file(path / weight_name if weight_name else path)
                 state = normalize_lora_state_dict(read_lora_file(path))
         except (OSError, ValueError) as err:
             raise ModelLoadError(f"cannot read the LoRA {_name(source)}: {err}") from None
@@ -71,7 +73,9 @@ class LongVideoLoraLoaderMixin(WanLoraLoaderMixin):
     ) -> None:
         """Load a LoRA into the transformer as adapter ``adapter_name`` (default: ``default_N``).
         Raises :class:`ModelLoadError` naming the keys that do not fit the transformer."""
-        state = self.lora_state_dict(pretrained_model_name_or_path_or_dict)
+        state = self.lora_state_dict(
+            pretrained_model_name_or_path_or_dict, weight_name=kwargs.pop("weight_name", None)
+        )
         try:
             check_lora_keys(self.transformer, state)
         except ValueError as err:
@@ -81,7 +85,9 @@ class LongVideoLoraLoaderMixin(WanLoraLoaderMixin):
         super().load_lora_weights(state, adapter_name=adapter_name, hotswap=hotswap, **kwargs)
         self._lora_changed()
 
-    def set_adapters(self, adapter_names, adapter_weights=None) -> None:
+    def set_adapters(
+        self, adapter_names: list[str] | str, adapter_weights: float | list[float] | None = None
+    ) -> None:
         super().set_adapters(adapter_names, adapter_weights)
         self._lora_changed()
 
@@ -97,7 +103,7 @@ class LongVideoLoraLoaderMixin(WanLoraLoaderMixin):
         super().unload_lora_weights()
         self._lora_changed()
 
-    def delete_adapters(self, adapter_names) -> None:
+    def delete_adapters(self, adapter_names: list[str] | str) -> None:
         super().delete_adapters(adapter_names)
         self._lora_changed()
 

@@ -71,7 +71,7 @@ def test_pipeline_lora_methods_match_hand_merge(lora, lora_file):
 def test_two_adapters_weighted(lora):
     pipe = tiny_components(**FP32)
     pristine = copy.deepcopy(pipe.transformer)
-    other = synthetic_lora(pristine, {"ffn.0": "ffn.net.0.proj"}, seed=5)
+    other = synthetic_lora(pristine, {"ffn.0": "ffn.net.0.proj", "self_attn.q": "attn1.to_q"}, seed=5)
     pipe.load_lora_weights(original_layout(lora, "diffusion_model.", with_alpha=True))  # default_0
     pipe.load_lora_weights(original_layout(other, "", with_alpha=False), adapter_name="b")
     pipe.set_adapters(["default_0", "b"], [0.3, 0.8])
