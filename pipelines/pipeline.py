@@ -180,6 +180,11 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             block.compile(dynamic=True)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
+        if getattr(self.transformer, "peft_config", None):  # peft's layers would be saved under other names
+            raise InputError(
+                "the transformer carries LoRA adapters: call fuse_lora() then unload_lora_weights() "
+                "(or just unload_lora_weights()) before save_pretrained"
+            )
         loading.save_components(Path(path), self.transformer, self.vae, self.text_encoder, self.config)
 
     def device_from_config(self) -> torch.device:

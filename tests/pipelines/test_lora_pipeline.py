@@ -13,7 +13,7 @@ import torch
 from tests.lora_factors import merged_by_hand, original_layout, synthetic_lora
 from tests.tiny import FP32, save_tiny_pipeline, tiny_components
 from vidgen.config import load_config
-from vidgen.pipelines import LongVideoPipeline, ModelLoadError
+from vidgen.pipelines import InputError, LongVideoPipeline, ModelLoadError
 
 PROMPT = "a red circle moving left"
 # the cross-attention keys/values are cached per prompt: a LoRA on them must invalidate that cache
@@ -66,6 +66,22 @@ def test_pipeline_lora_methods_match_hand_merge(lora, lora_file):
     torch.testing.assert_close(_latents(pipe), expected, atol=TOL, rtol=0)
     pipe.unload_lora_weights()
     torch.testing.assert_close(_latents(pipe), base, atol=TOL, rtol=0)
+
+
+def test_save_with_fused_lora(lora, tmp_path):
+    """Saved after fuse + unload, the pipeline reloads with the LoRA in its weights; with adapters
+    still loaded, saving is refused (peft's wrapped layers would be written under other names)."""
+    pipe = tiny_components(**FP32)
+    expected = _latents(_with_transformer(merged_by_hand(copy.deepcopy(pipe.transformer), lora)))
+    pipe.load_lora_weights(original_layout(lora, "", with_alpha=True))
+    with pytest.raises(InputError, match="unload_lora_weights"):
+        pipe.save_pretrained(tmp_path / "saved")
+    pipe.fuse_lora()
+    pipe.unload_lora_weights()
+    pipe.save_pretrained(tmp_path / "saved")
+    torch.testing.assert_close(
+        _latents(LongVideoPipeline.from_pretrained(tmp_path / "saved")), expected, atol=TOL, rtol=0
+    )
 
 
 def test_two_adapters_weighted(lora):
