@@ -171,6 +171,7 @@ def read_jobs(path: str | Path, args: argparse.Namespace) -> list[BatchJob]:
             "guidance": job.guidance_scale,
             "model": args.model,
             "transformer": args.transformer,
+            "lora": getattr(args, "lora", None),
             "config": args.config,
             "set": list(args.set) + job_set,
             "fps": args.fps,

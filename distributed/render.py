@@ -146,13 +146,14 @@ def record_video(
 
 def spec_from_args(args: argparse.Namespace) -> PipelineSpec:
     """The pipeline every worker loads, with the overrides ``vidgen render`` would apply."""
-    from vidgen.cli.render import parse_overrides
+    from vidgen.cli.render import lora_overrides, parse_overrides
 
     overrides: dict[str, Any] = parse_overrides(args.set)
     if getattr(args, "fps", None):
         overrides["generation.fps"] = args.fps
     if getattr(args, "transformer", None):
         overrides["model.transformer"] = args.transformer
+    overrides.update(lora_overrides(args))
     return PipelineSpec(model=args.model, config=args.config, overrides=overrides)
 
 

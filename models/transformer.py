@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.loaders import PeftAdapterMixin
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
@@ -311,11 +312,14 @@ class CausalWanBlock(nn.Module):
 # ----------------------------------------------------------------------------- the model
 
 
-class CausalWanTransformer(ModelMixin, ConfigMixin):
+class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):
     """Wan 2.1 text-to-video transformer that also runs chunk by chunk against a KV cache.
 
     The config is diffusers' ``WanTransformer3DModel`` config (same argument names); image
-    conditioning (I2V: ``image_dim``/``added_kv_proj_dim``) is not supported.
+    conditioning (I2V: ``image_dim``/``added_kv_proj_dim``) is not supported. LoRA adapters load
+    through diffusers' ``PeftAdapterMixin`` (``load_lora_adapter``, ``set_adapters``, ``fuse_lora``,
+    ``unfuse_lora``, ``unload_lora``), as into ``WanTransformer3DModel``; :mod:`vidgen.models.lora`
+    brings other published layouts to its keys.
     """
 
     _supports_gradient_checkpointing = True

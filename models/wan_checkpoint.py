@@ -2,15 +2,19 @@
 
 The original layout is the one of the Wan repository and of the causal checkpoints built on it
 (Self Forcing, CausVid, LongLive): ``blocks.N.self_attn.q``, ``blocks.N.ffn.0``, ``head.head``...,
-sometimes under a ``model.`` or ``model.diffusion_model.`` prefix. Only safetensors files are read:
-pickled ``.pt``/``.bin`` checkpoints are refused rather than unpickled (convert them once with
-``safetensors.torch.save_file`` in a trusted environment).
+sometimes under a ``model.`` or ``model.diffusion_model.`` prefix. Models load from safetensors
+only; the published ``.pt`` training checkpoints are read by ``vidgen convert`` (and LoRA loading)
+through :func:`load_weights_file`, which uses ``torch.load(weights_only=True)``: tensors and plain
+containers, never arbitrary unpickling.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import re
+import warnings
+import zipfile
 from pathlib import Path
 
 import torch
@@ -36,9 +40,14 @@ _RENAMES: list[tuple[str, str]] = [
     (r"^(blocks\.\d+)\.modulation$", r"\1.scale_shift_table"),
 ]
 _PREFIXES = ("model.diffusion_model.", "diffusion_model.", "model.")
+# Wrappers that training code leaves in parameter names (FSDP, activation checkpointing, torch.compile)
+_WRAPPER_FRAGMENTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+# Where training checkpoints keep the generator's weights, most preferred first
+STATE_DICT_KEYS = ("generator_ema", "generator", "model", "state_dict", "module", "ema")
+PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt"}
 
 # original config name -> diffusers config name
-_CONFIG_NAMES = {
+WAN_CONFIG_NAMES = {
     "in_dim": "in_channels",
     "out_dim": "out_channels",
     "ffn_dim": "ffn_dim",
@@ -53,7 +62,14 @@ _CONFIG_NAMES = {
 WAN_HEAD_DIM = 128  # every released Wan 2.1 size uses 128 channels per head
 
 
+def strip_wrappers(key: str) -> str:
+    for fragment in _WRAPPER_FRAGMENTS:
+        key = key.replace(fragment, "")
+    return key
+
+
 def original_to_diffusers_key(key: str) -> str:
+    key = strip_wrappers(key)
     for prefix in _PREFIXES:
         if key.startswith(prefix):
             key = key[len(prefix) :]
@@ -83,15 +99,64 @@ def safetensors_files(path: Path) -> list[Path]:
     if path.is_file():
         if path.suffix != ".safetensors":
             raise ValueError(
-                f"{path}: only .safetensors checkpoints are read (pickled files are never loaded)"
+                f"{path}: only .safetensors checkpoints are loaded; convert a .pt once with `vidgen convert`"
             )
         return [path]
     files = sorted(path.glob("*.safetensors"))
     if not files:
         pickled = sorted(p.name for p in path.iterdir() if p.suffix in {".bin", ".pt", ".pth", ".ckpt"})
-        hint = f" (found pickled {pickled[0]}: convert it to safetensors)" if pickled else ""
+        hint = f" (found pickled {pickled[0]}: convert it with `vidgen convert`)" if pickled else ""
         raise FileNotFoundError(f"no .safetensors weights in {path}{hint}")
     return files
+
+
+def load_weights_file(path: Path) -> dict:
+    """The contents of a ``.safetensors`` file, or of a pickled ``.pt`` read with
+    ``torch.load(weights_only=True)``: a checkpoint that needs arbitrary unpickling (classes, code) is
+    refused with a ``ValueError`` and nothing in it runs."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no file at {path}")
+    if path.suffix == ".safetensors":
+        return load_state_dict([path])
+    if path.suffix not in PICKLE_SUFFIXES:
+        raise ValueError(f"{path}: expected a .safetensors or {'/'.join(sorted(PICKLE_SUFFIXES))} file")
+    try:  # mmap: a 5 GB checkpoint is not read into memory at once (zip-format files only)
+        with warnings.catch_warnings():  # torch warns about pickle protocols before refusing
+            warnings.simplefilter("ignore")
+            data = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except pickle.UnpicklingError as err:
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))  # the wording varies across torch versions
+        what = f" (it references {found[1]})" if found else ""
+        raise ValueError(
+            f"{path}: refused: loading it needs arbitrary unpickling{what}, which could run code; "
+            "only tensors and plain containers are read"
+        ) from None
+    except (RuntimeError, OSError, EOFError) as err:  # not a torch file, truncated...
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{path}: cannot read it as a torch checkpoint: {first}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a {type(data).__name__}, not a dict of weights")
+    return data
+
+
+def find_state_dict(data: dict, key: str | None = None) -> dict[str, torch.Tensor]:
+    """The weights inside a training checkpoint: under ``key`` when given, else the first of
+    :data:`STATE_DICT_KEYS` present (Self Forcing / Rolling Forcing ``generator_ema`` and ``generator``,
+    CausVid ``generator``, LongLive ``generator``...), else the top level when it holds tensors."""
+    if key is not None:
+        if not isinstance(data.get(key), dict):
+            found = sorted(k for k, v in data.items() if isinstance(v, dict))
+            raise ValueError(f"no state dict under key {key!r}; dicts found under: {found or 'none'}")
+        data = data[key]
+    else:
+        for candidate in STATE_DICT_KEYS:
+            if isinstance(data.get(candidate), dict) and data[candidate]:
+                data = data[candidate]
+                break
+    tensors = {k: v for k, v in data.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise ValueError(f"no tensors found (keys: {sorted(map(str, data))[:6]}); pass --key to choose one")
+    return tensors
 
 
 def checkpoint_keys(files: list[Path]) -> list[str]:
@@ -116,20 +181,32 @@ def load_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
 
 
 def config_from_original(
-    path: Path, state_dict: dict[str, torch.Tensor], overrides: dict | None = None
+    path: Path | None,
+    state_dict: dict[str, torch.Tensor],
+    overrides: dict | None = None,
+    original: dict | None = None,
 ) -> dict:
-    """diffusers-style config for an original-layout checkpoint: ``overrides`` first, then its
-    config.json when there is one (Wan's names: dim, num_heads, ...), then the tensor shapes (heads
-    of 128 channels, as in every released Wan 2.1 size)."""
-    config_file = (path if path.is_dir() else path.parent) / "config.json"
-    original = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    """diffusers-style config for a (converted) original-layout state dict: ``overrides`` first
+    (diffusers' names), then ``original`` (Wan's names: dim, num_heads, ...; by default the
+    config.json next to ``path`` when there is one), then the tensor shapes (heads of 128 channels,
+    as in every released Wan 2.1 size)."""
+    source = "config"
+    if original is None:
+        config_file = (path if path.is_dir() else path.parent) / "config.json"
+        original = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        source = str(config_file)
     if "model_type" in original and original["model_type"] not in ("t2v", None):
-        raise ValueError(f"{config_file}: model_type={original['model_type']!r} is not supported (only t2v)")
-    config = {new: original[old] for old, new in _CONFIG_NAMES.items() if old in original}
+        raise ValueError(f"{source}: model_type={original['model_type']!r} is not supported (only t2v)")
+    config = {new: original[old] for old, new in WAN_CONFIG_NAMES.items() if old in original}
     config.update(overrides or {})
 
     weight = state_dict["patch_embedding.weight"]  # (dim, in_channels, p_t, p_h, p_w)
     dim = original.get("dim", weight.shape[0])
+    if "num_attention_heads" not in config and dim % WAN_HEAD_DIM:
+        raise ValueError(
+            f"the model is {dim} channels wide, not a whole number of {WAN_HEAD_DIM}-channel heads: "
+            "give its geometry (num_attention_heads) in a config"
+        )
     config.setdefault("in_channels", weight.shape[1])
     config.setdefault("patch_size", list(weight.shape[2:]))
     config.setdefault("num_attention_heads", dim // WAN_HEAD_DIM)

@@ -154,5 +154,6 @@ def save_components(folder: Path, transformer, vae, text_encoder, config: Vidgen
         text_encoder.encoder.save_pretrained(folder / "text_encoder", safe_serialization=True)
         text_encoder.tokenizer.save_pretrained(folder / "tokenizer")
     (folder / "model_index.json").write_text(json.dumps(index, indent=2))
-    saved = config.replace(**{"model.path": "", "model.transformer": ""})
+    # the transformer saved is the one loaded, config LoRAs fused in
+    saved = config.replace(**{"model.path": "", "model.transformer": "", "model.loras": []})
     (folder / "vidgen.toml").write_text(saved.to_toml())

@@ -26,11 +26,12 @@ import numpy as np
 import torch
 
 from vidgen.attention import attention_backend
-from vidgen.config import VidgenConfig
+from vidgen.config import GenerationConfig, VidgenConfig
 from vidgen.models import CausalWanTransformer, KVCache, TextContext
 from vidgen.pipelines import loading
 from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning
 from vidgen.pipelines.drift import DriftMeasures, DriftMonitor, StatsAnchor
+from vidgen.pipelines.lora import LongVideoLoraLoaderMixin
 from vidgen.pipelines.plan import (
     ChunkPlan,
     ChunkPlanner,
@@ -117,8 +118,11 @@ def _randn(shape, generator: torch.Generator, device: torch.device) -> torch.Ten
     return torch.randn(shape, generator=generator, dtype=torch.float32).to(device)
 
 
-class LongVideoPipeline:
-    """Long-video generation with a causal Wan 2.1-compatible transformer (see module docstring)."""
+class LongVideoPipeline(LongVideoLoraLoaderMixin):
+    """Long-video generation with a causal Wan 2.1-compatible transformer (see module docstring).
+
+    LoRA: ``load_lora_weights``, ``set_adapters``, ``fuse_lora``, ``unfuse_lora`` and
+    ``unload_lora_weights`` as in diffusers' Wan pipelines (see :mod:`vidgen.pipelines.lora`)."""
 
     def __init__(
         self,
@@ -159,6 +163,7 @@ class LongVideoPipeline:
         vae = loading.load_vae(folder, config)
         text_encoder = loading.load_text_encoder(folder, config)
         pipe = cls(transformer, vae, text_encoder, config)
+        pipe.apply_config_loras(config.model.loras)
         device = pipe.device_from_config()
         if config.runtime.cpu_offload and device.type != "cpu":
             pipe.enable_model_cpu_offload(device)
@@ -175,6 +180,11 @@ class LongVideoPipeline:
             block.compile(dynamic=True)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
+        if getattr(self.transformer, "peft_config", None):  # peft's layers would be saved under other names
+            raise InputError(
+                "the transformer carries LoRA adapters: call fuse_lora() then unload_lora_weights() "
+                "(or just unload_lora_weights()) before save_pretrained"
+            )
         loading.save_components(Path(path), self.transformer, self.vae, self.text_encoder, self.config)
 
     def device_from_config(self) -> torch.device:
@@ -303,7 +313,7 @@ class LongVideoPipeline:
         prefix_latents: int = 0,
     ) -> ChunkPlanner:
         g, d = config.generation, config.drift
-        schedule = FlowSchedule(num_inference_steps, g.shift, g.sampler)
+        schedule = flow_schedule(g, num_inference_steps)
         return ChunkPlanner(
             chunk_frames=g.chunk_frames,
             sink_frames=g.sink_frames,
@@ -510,6 +520,14 @@ class LongVideoPipeline:
         return encode_video(self.vae, tensor)
 
 
+def flow_schedule(g: GenerationConfig, steps: int) -> FlowSchedule:
+    """The sampler's schedule: the config's explicit timesteps, or ``steps`` shifted uniform levels."""
+    try:
+        return FlowSchedule(steps, g.shift, g.sampler, tuple(g.timesteps))
+    except ValueError as err:
+        raise InputError(str(err)) from None
+
+
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 in hardware (AVX-512 BF16 or AMX), from /proc/cpuinfo."""
     try:
@@ -583,7 +601,7 @@ class _Run:
         )
         self.denoiser = ChunkDenoiser(
             pipe.transformer,
-            FlowSchedule(steps, g.shift, g.sampler),
+            flow_schedule(g, steps),
             rope_mode=g.rope_mode,
             context_noise=g.addnoise_condition,
             chunk_frames=g.chunk_frames,

@@ -35,17 +35,27 @@ class FlowSchedule:
     num_steps: int
     shift: float = 3.0
     sampler: SamplerKind = SamplerKind.EULER
+    timesteps: tuple[float, ...] = ()
+    """Explicit timesteps (1000 * sigma, decreasing) instead of the shifted uniform grid, as a
+    distilled model was trained with them (CausVid: 1000, 757, 522)."""
 
     def __post_init__(self) -> None:
         if self.num_steps < 1:
             raise ValueError(f"num_inference_steps must be >= 1, got {self.num_steps}")
         if self.shift <= 0:
             raise ValueError(f"shift must be > 0, got {self.shift}")
+        if self.timesteps and len(self.timesteps) != self.num_steps:
+            raise ValueError(
+                f"num_inference_steps={self.num_steps} but the model's timesteps are {list(self.timesteps)}: "
+                f"use {len(self.timesteps)} steps"
+            )
         object.__setattr__(self, "sampler", SamplerKind(self.sampler))
 
     @property
     def sigmas(self) -> list[float]:
         """``num_steps + 1`` levels, the last one 0."""
+        if self.timesteps:
+            return [t / NUM_TRAIN_TIMESTEPS for t in self.timesteps] + [0.0]
         base = [1.0 - i / self.num_steps for i in range(self.num_steps)]
         return [float(shift_sigma(s, self.shift)) for s in base] + [0.0]
 

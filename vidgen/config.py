@@ -5,8 +5,9 @@ context window, sampler), ``[drift]`` (drift-correction switches) and ``[runtime
 attention backend, compile, offload). Unknown keys are an error that names the key; every field
 is validated in ``__post_init__`` with a message that says what to change.
 
-Presets: ``default`` (the embedded Shapes World model) and ``wan2.1-t2v-1.3b-causal`` (local Wan
-2.1 / Self Forcing / CausVid / LongLive weights). ``load_config("default")`` reads a preset by name,
+Presets: ``default`` (the embedded Shapes World model), ``wan2.1-t2v-1.3b-causal`` (local Wan 2.1
+causal weights), and the published systems with their own settings: ``self-forcing``,
+``self-forcing-framewise``, ``causvid``, ``longlive``, ``rolling-forcing``. ``load_config("default")`` reads a preset by name,
 ``load_config("path/to/file.toml")`` a file; ``config.replace(**{"generation.window_frames": 8})``
 applies overrides.
 """
@@ -60,7 +61,10 @@ class ModelConfig:
     """Local folder of a saved pipeline (``model_index.json``); empty: the embedded default model."""
     transformer: str = ""
     """Optional transformer checkpoint replacing the folder's (a causal Wan 2.1 file or folder,
-    diffusers or original key layout, e.g. Self Forcing / CausVid / LongLive converted to safetensors)."""
+    diffusers or original key layout, e.g. Self Forcing / CausVid / LongLive after ``vidgen convert``)."""
+    loras: list[str] = field(default_factory=list)
+    """LoRAs fused into the transformer at load time, each ``"PATH"`` or ``"PATH:SCALE"`` (a
+    ``.safetensors`` or ``.pt`` file or a folder; diffusers, original Wan or LongLive layout)."""
     text_encoder: TextEncoderKind = "minilm"
     """Prompt encoder: ``minilm`` (ships with vidgen) or ``umt5`` (Wan 2.1, from the folder)."""
     text_max_length: int = 32
@@ -76,6 +80,8 @@ class ModelConfig:
         _check_choice("model.vae", self.vae, get_args(VaeKind))
         _check_choice("model.text_conditioning", self.text_conditioning, get_args(TextConditioning))
         _check_positive("model.text_max_length", self.text_max_length)
+        if any(not spec.strip() or spec.endswith(":") for spec in self.loras):
+            raise ConfigError(f"model.loras: each entry is 'PATH' or 'PATH:SCALE', got {self.loras!r}")
 
 
 @dataclass
@@ -87,6 +93,9 @@ class GenerationConfig:
     fps: int = 16
     """Frames per second of the output video."""
     num_inference_steps: int = 4
+    timesteps: list[float] = field(default_factory=list)
+    """Explicit denoising timesteps (0-1000, decreasing; one per step) replacing the shifted
+    uniform schedule, for models distilled on a fixed list (CausVid: [1000, 757, 522])."""
     guidance_scale: float = 1.0
     """Classifier-free guidance (1.0: off, one model call per step)."""
     negative_prompt: str = ""
@@ -139,6 +148,17 @@ class GenerationConfig:
             raise ConfigError(
                 "generation: sink_frames + window_frames must be > 0 (the KV cache needs a slot)"
             )
+        if self.timesteps:
+            if len(self.timesteps) != self.num_inference_steps:
+                raise ConfigError(
+                    f"generation.timesteps has {len(self.timesteps)} values: set num_inference_steps = "
+                    f"{len(self.timesteps)}"
+                )
+            pairs = zip(self.timesteps, self.timesteps[1:])
+            if not (self.timesteps[-1] > 0 and self.timesteps[0] <= 1000) or any(a <= b for a, b in pairs):
+                raise ConfigError(
+                    f"generation.timesteps must decrease within (0, 1000], got {self.timesteps}"
+                )
         if self.ar_step > self.num_inference_steps:
             raise ConfigError(
                 f"generation.ar_step={self.ar_step} exceeds num_inference_steps={self.num_inference_steps}"
@@ -270,6 +290,14 @@ def _build(cls: type, values: dict[str, Any], source: str):
 
 
 def _check_type(name: str, value: Any, hint: Any) -> None:
+    if getattr(hint, "__origin__", None) is list:
+        item = get_args(hint)[0]
+        kinds = (int, float) if item is float else item  # TOML writes 1000, not 1000.0
+        if not isinstance(value, list) or not all(
+            isinstance(v, kinds) and not isinstance(v, bool) for v in value
+        ):
+            raise ConfigError(f"{name} must be a list of {item.__name__}, got {value!r}")
+        return
     base = hint
     if getattr(hint, "__origin__", None) is Literal:
         base = type(get_args(hint)[0])
@@ -286,7 +314,21 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return repr(value)
+
+
+def parse_lora_spec(spec: str) -> tuple[str, float]:
+    """A ``model.loras`` / ``--lora`` entry, ``PATH[:SCALE]`` -> (path, scale); the scale defaults to 1
+    (a suffix that is not a number is part of the path)."""
+    path, sep, scale = spec.rpartition(":")
+    if sep and path:
+        try:
+            return path, float(scale)
+        except ValueError:
+            pass
+    return spec, 1.0
 
 
 def preset_names() -> list[str]:

@@ -108,7 +108,7 @@ def test_missing_and_pickled_checkpoints_are_refused(tmp_path):
         CausalWanTransformer.from_pretrained(tmp_path / "absent")
     (tmp_path / "pickled").mkdir()
     torch.save({"w": torch.zeros(1)}, tmp_path / "pickled" / "model.pt")
-    with pytest.raises(FileNotFoundError, match="convert it to safetensors"):
+    with pytest.raises(FileNotFoundError, match="convert it with `vidgen convert`"):
         CausalWanTransformer.from_pretrained(tmp_path / "pickled")
     with pytest.raises(ValueError, match="only .safetensors"):
         CausalWanTransformer.from_pretrained(tmp_path / "pickled" / "model.pt")

@@ -18,6 +18,7 @@ _COMMANDS = {
     "train": "train",
     "eval": "evaluate",
     "info": "info",
+    "convert": "convert",
 }
 
 

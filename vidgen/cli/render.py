@@ -38,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--config", help="a preset name or TOML file (default: the model's own)")
     p.add_argument("--model", help="a local pipeline folder or preset name (default: the embedded model)")
     p.add_argument("--transformer", help="a causal transformer checkpoint replacing the model's")
+    p.add_argument("--lora", action="append", metavar="PATH[:SCALE]", help="fuse in a LoRA (repeatable)")
     p.add_argument(
         "--set", action="append", default=[], metavar="TABLE.KEY=VALUE", help="override a config value"
     )
@@ -116,6 +117,7 @@ def _request(args: argparse.Namespace) -> dict:
         "guidance": args.guidance,
         "model": args.model,
         "transformer": args.transformer,
+        "lora": args.lora,
         "config": args.config,
         "set": args.set,
         "fps": args.fps,
@@ -131,10 +133,24 @@ def load_pipeline(args: argparse.Namespace):
         overrides["generation.fps"] = args.fps
     if getattr(args, "transformer", None):
         overrides["model.transformer"] = args.transformer
+    overrides.update(lora_overrides(args))
     try:
         return LongVideoPipeline.from_pretrained(args.model, config=args.config, **overrides)
     except (ConfigError, ModelLoadError) as err:
         raise UsageError(str(err)) from None
+
+
+def lora_overrides(args: argparse.Namespace) -> dict[str, list[str]]:
+    """``--lora`` as ``model.loras`` (replacing the config's list), paths made absolute for Ray workers."""
+    from vidgen.config import parse_lora_spec
+
+    specs = []
+    for spec in getattr(args, "lora", None) or []:
+        path, scale = parse_lora_spec(spec)
+        if not Path(path).expanduser().exists():
+            raise UsageError(f"--lora: no file at {path}")
+        specs.append(f"{Path(path).expanduser().resolve()}:{scale!r}")
+    return {"model.loras": specs} if specs else {}
 
 
 def _what_to_render(args: argparse.Namespace) -> None:

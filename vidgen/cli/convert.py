@@ -1,0 +1,68 @@
+"""``vidgen convert``: a published ``.pt`` training checkpoint (Self Forcing, CausVid, LongLive,
+Rolling Forcing...) to a diffusers-format transformer folder that ``--transformer`` loads.
+
+The checkpoint is read with ``torch.load(weights_only=True)``: one that needs arbitrary unpickling
+is refused (exit 2) and nothing in it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from vidgen.cli import UsageError
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(name, help="convert a .pt training checkpoint to a diffusers transformer folder")
+    p.add_argument("checkpoint", metavar="CHECKPOINT.pt", help="the published checkpoint")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="folder to write (config.json + safetensors)")
+    p.add_argument(
+        "--key",
+        help="where the weights are in the checkpoint: generator_ema, generator, model... "
+        "(default: the first of these present)",
+    )
+    p.add_argument("--lora", metavar="LORA.pt[:SCALE]", help="a LoRA to fuse in (e.g. LongLive's lora.pt)")
+    p.add_argument(
+        "--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="weights' dtype (default bf16)"
+    )
+    p.add_argument(
+        "--config",
+        metavar="config.json",
+        help="the geometry (Wan's or diffusers' names), if not 128-channel heads",
+    )
+    p.add_argument("--force", action="store_true", help="write into an OUT_DIR that already has files")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vidgen.config import parse_lora_spec
+    from vidgen.models.convert import convert_checkpoint
+
+    checkpoint, out = Path(args.checkpoint), Path(args.out_dir)
+    if not checkpoint.is_file():
+        raise UsageError(f"no checkpoint at {checkpoint}")
+    if out.exists() and any(out.iterdir()) and not args.force:
+        raise UsageError(f"{out} is not empty: choose another OUT_DIR or pass --force")
+    config = None
+    if args.config:
+        try:
+            config = json.loads(Path(args.config).read_text())
+        except (OSError, ValueError) as err:
+            raise UsageError(f"--config {args.config}: {err}") from None
+    lora, scale = parse_lora_spec(args.lora) if args.lora else (None, 1.0)
+    try:
+        model = convert_checkpoint(
+            checkpoint, out, key=args.key, lora=lora, lora_scale=scale, dtype=args.dtype, config=config
+        )
+    except (OSError, ValueError) as err:
+        raise UsageError(str(err)) from None
+    c = model.config
+    print(
+        f"vidgen convert: wrote {out} ({c.num_layers} layers, {c.num_attention_heads} heads of "
+        f"{c.attention_head_dim}, {args.dtype}); use it with --transformer {out}",
+        file=sys.stderr,
+    )
+    return 0
