@@ -1,0 +1,160 @@
+"""Few-step distillation on a tiny random teacher: the trainer's rollout is the pipeline's, the DMD
+gradient vanishes exactly when the score models agree, ODE regression brings the student's few steps
+to the teacher's many, runs resume exactly, and ``vidgen train distill`` writes loadable folders."""
+
+import copy
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.tiny import FP32, save_tiny_pipeline
+from vidgen.models import CausalWanTransformer
+from vidgen.pipelines import LongVideoPipeline, loading
+from vidgen.pipelines.pipeline import _chunk_generator
+from vidgen.training.configs import DistillTrainConfig
+from vidgen.training.distill import Distiller, load_teacher, train_distill
+from vidgen.training.rollout import conditioning, dmd_loss, sample_sigmas
+
+SMALL = {"generation.height": 32, "generation.width": 32, "drift.anchor_stats": False, **FP32}
+PROMPT = "a red circle moving left on a black background"
+
+
+@pytest.fixture(scope="module")
+def teacher_folder(tmp_path_factory):
+    return save_tiny_pipeline(tmp_path_factory.mktemp("teacher") / "pipe", seed=3, **SMALL)
+
+
+def _config(tmp_path, teacher_folder, **overrides):
+    values = dict(
+        run_dir=str(tmp_path / "run"),
+        teacher=str(teacher_folder),
+        batch_size=2,
+        rollout_chunks=2,
+        teacher_steps=8,
+        ode_pairs=2,
+        log_every=1,
+        save_every=100,
+        warmup=1,
+    )
+    return DistillTrainConfig(**{**values, **overrides})
+
+
+@pytest.mark.parametrize("sampler, context_noise", [("x0_renoise", 0.0), ("euler", 0.05)])
+def test_rollout_is_the_pipelines_generation(teacher_folder, tmp_path, sampler, context_noise):
+    """Five chunks (past the sinks + window, so the ring and rolling positions are exercised),
+    seeded as the pipeline seeds them: the trainer's rollout gives the pipeline's latents."""
+    distiller = Distiller(_config(tmp_path, teacher_folder, sampler=sampler, rollout_chunks=5))
+    distiller.pipe_config = distiller.pipe_config.replace(**{"generation.addnoise_condition": context_noise})
+    distiller.rollout.config = distiller.pipe_config
+    vae = loading.load_vae(teacher_folder, distiller.pipe_config)
+    pipe = LongVideoPipeline(distiller.student, vae, distiller.teacher.text_encoder, distiller.pipe_config)
+    seed, chunks = 11, 5
+    expected = pipe(PROMPT, num_frames=1 + 4 * (2 * chunks - 1), generator=seed, output_type="latent").frames
+
+    shape = (1, *distiller.chunk_shape)
+    noises = [torch.randn(shape, generator=_chunk_generator(seed, i, 0, "cpu")) for i in range(chunks)]
+    with torch.no_grad():
+        cond = conditioning(distiller.student, distiller.embed([PROMPT]))
+        video, _ = distiller.rollout.run(
+            distiller.student,
+            cond,
+            noises,
+            exits=[3] * chunks,
+            step_generators=[_chunk_generator(seed, i, 4, "cpu") for i in range(chunks)],
+            write_generators=[_chunk_generator(seed, 2 * i, 1, "cpu") for i in range(chunks)],
+        )
+    assert video.shape == expected.shape
+    assert (video - expected).abs().max() < 1e-5
+    # a rollout that stops a step early is another video: the comparison can fail
+    with torch.no_grad():
+        early, _ = distiller.rollout.run(distiller.student, cond, noises, exits=[2] * chunks)
+    assert (early - expected).abs().max() > 1e-3
+
+
+def test_dmd_gradient_vanishes_when_the_scores_agree(teacher_folder, tmp_path):
+    distiller = Distiller(_config(tmp_path, teacher_folder, stage="self-forcing"))
+    student = distiller.student
+    generator = torch.Generator().manual_seed(0)
+    text = distiller.embed([PROMPT, "a blue square moving up on a white background"])
+    uncond = distiller.embed(["", ""])
+    noises = distiller.noises(2, generator)
+    sigma = sample_sigmas(2, 2, 2, distiller.config, distiller.shift, generator)
+    noise = torch.randn((2, 4, 4, 8, 8), generator=generator)
+
+    def generator_grad(fake) -> float:
+        student.zero_grad(set_to_none=True)
+        video, _ = distiller.rollout.run(student, conditioning(student, text), noises, [1, 3], grad=True)
+        loss = dmd_loss(video, distiller.real, fake, text, uncond, sigma, noise, distiller.pattern, 1.0)
+        loss.backward()
+        grads = [p.grad.norm() for p in student.parameters() if p.grad is not None]
+        return float(torch.stack(grads).norm())
+
+    assert generator_grad(copy.deepcopy(distiller.real)) < 1e-9
+    off = copy.deepcopy(distiller.real)
+    with torch.no_grad():
+        off.proj_out.bias.add_(0.5)
+    assert generator_grad(off) > 1e-3
+    # direction: the fake score's velocity is 0.5 too high, so its clean estimate too low; descending
+    # the loss moves every value of the rollout up, away from the fake estimate towards the real one
+    video = torch.randn((2, 4, 4, 8, 8), generator=generator).requires_grad_(True)
+    loss = dmd_loss(video, distiller.real, off, text, uncond, sigma, noise, distiller.pattern, 1.0)
+    (grad,) = torch.autograd.grad(loss, video)
+    assert (grad < 0).all()
+
+
+def _four_step_error(student, distiller, pool, prompts) -> float:
+    noises = [pool["levels"][:, 0, :, 2 * i : 2 * i + 2] for i in range(distiller.config.rollout_chunks)]
+    with torch.no_grad():
+        video, _ = distiller.rollout.run(student, conditioning(student, distiller.embed(prompts)), noises)
+    return float((video - pool["clean"]).square().mean())
+
+
+def test_ode_regression_brings_four_steps_to_the_teacher(teacher_folder, tmp_path):
+    config = _config(
+        tmp_path, teacher_folder, sampler="euler", steps=25, lr=2e-3, teacher_guidance=4.0, ema_decay=0.5
+    )
+    distiller = Distiller(config)
+    pool, prompts = distiller.ode_pool()
+    assert pool["levels"].shape == (2, 4, 4, 4, 8, 8) and pool["clean"].shape == (2, 4, 4, 8, 8)
+    # the pool starts from pure noise and passes through the student's sigmas
+    before = _four_step_error(distiller.student, distiller, pool, prompts)
+    folder = train_distill(config)
+    after = _four_step_error(CausalWanTransformer.from_pretrained(folder), distiller, pool, prompts)
+    assert after < 0.5 * before, (before, after)
+
+
+@pytest.mark.parametrize("stage", ["ode", "self-forcing"])
+def test_stretches_resume_exactly(teacher_folder, tmp_path, stage):
+    common = dict(stage=stage, steps=5, generator_every=2, exit_step="per_chunk", save_every=100)
+    train_distill(_config(tmp_path / "whole", teacher_folder, **common))
+    split = _config(tmp_path / "split", teacher_folder, stretch_steps=3, **common)
+    train_distill(split)
+    assert json.loads((tmp_path / "split" / "run" / "latest" / "state.json").read_text())["step"] == 3
+    train_distill(_config(tmp_path / "split", teacher_folder, **common))
+    a = load_file(str(tmp_path / "whole" / "run" / "latest" / "model.safetensors"))
+    b = load_file(str(tmp_path / "split" / "run" / "latest" / "model.safetensors"))
+    start = load_teacher(teacher_folder).transformer.state_dict()
+    assert any(not torch.equal(a[f"generator.{k}"], v) for k, v in start.items())  # it trained
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_cli_distils_end_to_end(teacher_folder, tmp_path):
+    from vidgen.cli import main
+
+    ode, sf = tmp_path / "ode", tmp_path / "sf"
+    common = ["--teacher", str(teacher_folder), "--steps", "2", "--batch-size", "1", "--rollout-chunks", "2"]
+    assert main(["train", "distill", "--stage", "ode", "--run-dir", str(ode), "--teacher-steps", "8",
+                 "--ode-pairs", "2", *common]) == 0  # fmt: skip
+    assert main(["train", "distill", "--stage", "self-forcing", "--run-dir", str(sf), "--init-from", str(ode),
+                 "--generator-every", "1", "--exit-step", "per_chunk", *common]) == 0  # fmt: skip
+    student = CausalWanTransformer.from_pretrained(sf / "transformer")
+    assert student.config.num_layers == 2
+    pipe = LongVideoPipeline.from_pretrained(sf / "pipeline")
+    assert pipe.config.generation.num_inference_steps == 4 and pipe.config.generation.sampler == "x0_renoise"
+    frames = pipe(PROMPT, num_frames=5, generator=0).frames
+    assert frames.shape == (5, 32, 32, 3)
+    assert main(["train", "distill", "--run-dir", str(tmp_path / "x")]) == 2  # no teacher
+    assert main(["train", "distill", "--teacher", str(teacher_folder), "--run-dir", str(tmp_path / "y"),
+                 "--teacher-steps", "6"]) == 2  # fmt: skip
