@@ -21,9 +21,24 @@ SMALL = {"generation.height": 32, "generation.width": 32, "drift.anchor_stats": 
 PROMPT = "a red circle moving left on a black background"
 
 
+# the Wan 2.1 preset's chunking, schedule and single-prompt text, on tiny weights
+WAN_LIKE = {
+    "generation.chunk_frames": 3,
+    "generation.sink_frames": 3,
+    "generation.window_frames": 9,
+    "generation.shift": 5.0,
+    "model.text_conditioning": "single",
+}
+
+
 @pytest.fixture(scope="module")
 def teacher_folder(tmp_path_factory):
     return save_tiny_pipeline(tmp_path_factory.mktemp("teacher") / "pipe", seed=3, **SMALL)
+
+
+@pytest.fixture(scope="module")
+def wan_like_folder(tmp_path_factory):
+    return save_tiny_pipeline(tmp_path_factory.mktemp("wan") / "pipe", seed=4, **SMALL, **WAN_LIKE)
 
 
 def _config(tmp_path, teacher_folder, **overrides):
@@ -41,17 +56,21 @@ def _config(tmp_path, teacher_folder, **overrides):
     return DistillTrainConfig(**{**values, **overrides})
 
 
-@pytest.mark.parametrize("sampler, context_noise", [("x0_renoise", 0.0), ("euler", 0.05)])
-def test_rollout_is_the_pipelines_generation(teacher_folder, tmp_path, sampler, context_noise):
+@pytest.mark.parametrize(
+    "geometry, sampler, context_noise",
+    [("default", "x0_renoise", 0.0), ("default", "euler", 0.05), ("wan_like", "x0_renoise", 0.0)],
+)
+def test_rollout_is_the_pipelines_generation(request, tmp_path, geometry, sampler, context_noise):
     """Five chunks (past the sinks + window, so the ring and rolling positions are exercised),
     seeded as the pipeline seeds them: the trainer's rollout gives the pipeline's latents."""
-    distiller = Distiller(_config(tmp_path, teacher_folder, sampler=sampler, rollout_chunks=5))
+    folder = request.getfixturevalue("teacher_folder" if geometry == "default" else "wan_like_folder")
+    distiller = Distiller(_config(tmp_path, folder, sampler=sampler, rollout_chunks=5))
     distiller.pipe_config = distiller.pipe_config.replace(**{"generation.addnoise_condition": context_noise})
     distiller.rollout.config = distiller.pipe_config
-    vae = loading.load_vae(teacher_folder, distiller.pipe_config)
+    vae = loading.load_vae(folder, distiller.pipe_config)
     pipe = LongVideoPipeline(distiller.student, vae, distiller.teacher.text_encoder, distiller.pipe_config)
-    seed, chunks = 11, 5
-    expected = pipe(PROMPT, num_frames=1 + 4 * (2 * chunks - 1), generator=seed, output_type="latent").frames
+    seed, chunks, f = 11, 5, distiller.rollout.chunk_frames
+    expected = pipe(PROMPT, num_frames=1 + 4 * (f * chunks - 1), generator=seed, output_type="latent").frames
 
     shape = (1, *distiller.chunk_shape)
     noises = [torch.randn(shape, generator=_chunk_generator(seed, i, 0, "cpu")) for i in range(chunks)]
@@ -63,7 +82,7 @@ def test_rollout_is_the_pipelines_generation(teacher_folder, tmp_path, sampler, 
             noises,
             exits=[3] * chunks,
             step_generators=[_chunk_generator(seed, i, 4, "cpu") for i in range(chunks)],
-            write_generators=[_chunk_generator(seed, 2 * i, 1, "cpu") for i in range(chunks)],
+            write_generators=[_chunk_generator(seed, f * i, 1, "cpu") for i in range(chunks)],
         )
     assert video.shape == expected.shape
     assert (video - expected).abs().max() < 1e-5
@@ -102,6 +121,31 @@ def test_dmd_gradient_vanishes_when_the_scores_agree(teacher_folder, tmp_path):
     loss = dmd_loss(video, distiller.real, off, text, uncond, sigma, noise, distiller.pattern, 1.0)
     (grad,) = torch.autograd.grad(loss, video)
     assert (grad < 0).all()
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(teacher_folder, tmp_path):
+    """Checkpointed chunks are recomputed after later chunks were cached: they read the cache as it
+    was (four chunks fill this cache, so the last reads every slot)."""
+    grads = []
+    for checkpointing in (False, True):
+        config = _config(
+            tmp_path / str(checkpointing),
+            teacher_folder,
+            stage="self-forcing",
+            rollout_chunks=4,
+            exit_step="per_chunk",
+            gradient_checkpointing=checkpointing,
+        )
+        distiller = Distiller(config)
+        assert distiller.student.gradient_checkpointing == checkpointing
+        with torch.no_grad():
+            distiller.modules.fake_score.proj_out.bias.add_(0.5)
+        distiller.self_forcing_step(0)["loss"].backward()
+        grads.append(torch.cat([p.grad.flatten() for p in distiller.modules.parameters()]))
+    assert grads[0].abs().max() > 1e-4
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    with pytest.raises(ValueError, match="rollout_chunks=5"):
+        Distiller(_config(tmp_path, teacher_folder, rollout_chunks=5, gradient_checkpointing=True))
 
 
 def _four_step_error(student, distiller, pool, prompts) -> float:
@@ -158,3 +202,31 @@ def test_cli_distils_end_to_end(teacher_folder, tmp_path):
     assert main(["train", "distill", "--run-dir", str(tmp_path / "x")]) == 2  # no teacher
     assert main(["train", "distill", "--teacher", str(teacher_folder), "--run-dir", str(tmp_path / "y"),
                  "--teacher-steps", "6"]) == 2  # fmt: skip
+
+
+def test_bidirectional_teacher_makes_whole_video_trajectories(wan_like_folder, tmp_path):
+    """``teacher_attention="full"`` (a Wan 2.1 T2V teacher) integrates the whole video at once: for
+    one chunk that is the causal teacher's trajectory; for two, the first chunk also sees the second."""
+    pools = {}
+    for attention in ("causal", "full"):
+        for chunks in (1, 2):
+            config = _config(tmp_path / f"{attention}{chunks}", wan_like_folder, teacher_attention=attention)
+            config.rollout_chunks = chunks
+            distiller = Distiller(config)
+            pools[attention, chunks] = distiller.teacher_trajectories(
+                [PROMPT], torch.Generator().manual_seed(0)
+            )
+    for key in ("levels", "clean"):
+        assert (pools["full", 1][key] - pools["causal", 1][key]).abs().max() < 1e-5
+        assert pools["full", 2][key].shape == pools["causal", 2][key].shape
+    first = slice(0, 3)
+    assert (
+        pools["full", 2]["clean"][:, :, first] - pools["causal", 2]["clean"][:, :, first]
+    ).abs().max() > 1e-4
+    # and a self-forcing step scores the rollout with full attention
+    distiller = Distiller(
+        _config(tmp_path / "sf", wan_like_folder, stage="self-forcing", teacher_attention="full")
+    )
+    assert distiller.pattern is None
+    out = distiller.self_forcing_step(0)
+    assert torch.isfinite(out["generator_loss"]) and torch.isfinite(out["critic_loss"])

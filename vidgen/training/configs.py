@@ -144,6 +144,11 @@ class DistillTrainConfig:
     """Schedule shift (0: the teacher's ``generation.shift``)."""
     teacher_steps: int = 32
     """Euler steps of the teacher's trajectories (a multiple of ``student_steps``)."""
+    teacher_attention: Literal["causal", "full"] = "causal"
+    """How the teacher (and the score models) see a video: ``causal``, a many-step causal model
+    (the default model) making and judging it chunk by chunk as the cache shows it; ``full``, a
+    bidirectional model such as Wan 2.1 T2V (CausVid's and Self Forcing's teacher), the whole
+    video at once."""
     teacher_guidance: float = 1.0
     """Classifier-free guidance of the teacher: its trajectories and the real score (Wan: 3-5)."""
     rollout_chunks: int = 3
@@ -172,7 +177,8 @@ class DistillTrainConfig:
     weight_decay: float = 0.0
     ema_decay: float = 0.99
     gradient_checkpointing: bool = False
-    """Recompute the fake score's activations in its backward pass (saves memory for large models)."""
+    """Recompute activations in the backward pass (student and fake score; needed for Wan-size
+    models); the rollout must then fit in the cache's sinks + window + one chunk."""
     device: str = "cpu"
     """``cpu`` or ``cuda`` (``cuda:1`` ...)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -190,6 +196,8 @@ class DistillTrainConfig:
             raise ValueError(f"exit_step={self.exit_step!r}: use 'per_rollout', 'per_chunk' or 'last'")
         if self.sampler not in ("euler", "x0_renoise"):
             raise ValueError(f"sampler={self.sampler!r}: use 'euler' or 'x0_renoise'")
+        if self.teacher_attention not in ("causal", "full"):
+            raise ValueError(f"teacher_attention={self.teacher_attention!r}: use 'causal' or 'full'")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype={self.dtype!r}: use 'float32' or 'bfloat16'")
         if self.student_steps < 1 or self.teacher_steps % self.student_steps:

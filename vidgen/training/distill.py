@@ -48,9 +48,11 @@ from vidgen.training.rollout import (
     conditioning,
     dmd_loss,
     flow_matching_loss,
+    reading_view,
     sample_sigmas,
     score_pattern,
     text_embeddings,
+    velocity,
 )
 
 # ----------------------------------------------------------------------------- teacher and prompts
@@ -184,9 +186,17 @@ class Distiller:
         fake = None
         if config.stage == "self-forcing":
             fake = copy.deepcopy(self.real).requires_grad_(True).train()
-            fake.gradient_checkpointing = config.gradient_checkpointing
-            if config.gradient_checkpointing:
-                fake.enable_gradient_checkpointing()
+        g = self.teacher.config.generation
+        if config.gradient_checkpointing:
+            if (config.rollout_chunks - 1) * g.chunk_frames > g.sink_frames + g.window_frames:
+                raise ValueError(
+                    f"gradient_checkpointing recomputes chunks against the cache: rollout_chunks="
+                    f"{config.rollout_chunks} would overwrite cached frames (at most "
+                    f"{1 + (g.sink_frames + g.window_frames) // g.chunk_frames} chunks with this cache)"
+                )
+            for model in (student, fake):
+                if model is not None:
+                    model.enable_gradient_checkpointing()
         if self.autocast is not None:
             self.real.to(torch.bfloat16)  # frozen: stored in the compute dtype
         self.modules = DistillModules(student, fake).to(self.device)
@@ -195,9 +205,9 @@ class Distiller:
             self.pipe_config, self.latent_hw, self.student_schedule, autocast=self.autocast
         )
         self.prompts = PromptSource(config.prompts)
-        g = self.teacher.config.generation
+        self.teacher.text_encoder.to(self.device)  # UMT5 on a GPU: prompts change every step
         self.chunk_shape = (self.real.config.in_channels, g.chunk_frames, *self.latent_hw)
-        self.pattern = score_pattern(self.real, self.teacher.config, self.latent_hw)
+        self.pattern = score_pattern(self.real, self.teacher.config, self.latent_hw, config.teacher_attention)
 
     @property
     def student(self) -> CausalWanTransformer:
@@ -220,17 +230,39 @@ class Distiller:
         return [k * every for k in range(self.config.student_steps)]
 
     @torch.no_grad()
+    @torch.no_grad()
     def teacher_trajectories(self, prompts: list[str], generator: torch.Generator) -> dict[str, torch.Tensor]:
-        """The teacher's many-step rollout of ``prompts``: its chunks' latents at the student's sigmas
-        (B, K, C, F, h, w) and its clean video (B, C, F, h, w)."""
+        """The teacher's many-step generation of ``prompts``: its latents at the student's sigmas
+        (B, K, C, F, h, w) and its clean video (B, C, F, h, w). A causal teacher makes it chunk by
+        chunk through its cache; a bidirectional one (``teacher_attention="full"``, as CausVid's
+        Wan teacher) the whole video at once."""
         c = self.config
         schedule = FlowSchedule(c.teacher_steps, self.shift, "euler")
-        rollout = Rollout(self.teacher.config, self.latent_hw, schedule, autocast=self.autocast)
         text = self.embed(prompts)
         uncond = self.embed([self.teacher.config.generation.negative_prompt] * len(prompts))
-        cond = conditioning(self.real, text, uncond, c.teacher_guidance)
         noises = self.noises(len(prompts), generator)
-        video, recorded = rollout.run(self.real, cond, noises, record=self.trajectory_indices())
+        record = self.trajectory_indices()
+        if c.teacher_attention == "full":
+            x, levels = torch.cat(noises, dim=2), []
+            for index, sigma in enumerate(schedule.sigmas[:-1]):
+                if index in record:
+                    levels.append(x)
+                level = torch.full((x.shape[0], x.shape[2]), sigma, device=x.device)
+                v = velocity(
+                    self.real,
+                    x,
+                    level,
+                    text,
+                    None,
+                    uncond=uncond,
+                    guidance_scale=c.teacher_guidance,
+                    autocast=self.autocast,
+                )
+                x = schedule.step(x, v, index)
+            return {"levels": torch.stack(levels, dim=1).float().cpu(), "clean": x.float().cpu()}
+        rollout = Rollout(self.teacher.config, self.latent_hw, schedule, autocast=self.autocast)
+        cond = conditioning(self.real, text, uncond, c.teacher_guidance)
+        video, recorded = rollout.run(self.real, cond, noises, record=record)
         levels = torch.cat([torch.stack(chunk, dim=1) for chunk in recorded], dim=3)  # (B, K, C, F, h, w)
         return {"levels": levels.float().cpu(), "clean": video.float().cpu()}
 
@@ -287,9 +319,10 @@ class Distiller:
                 following = levels[:, k + 1, :, frames].to(self.device)
                 target = x - sigmas[k] * (following - x) / (sigmas[k + 1] - sigmas[k])
             level = torch.full((batch, f), sigmas[k], device=self.device)
-            estimate = x - sigmas[k] * denoiser.predict(x, level, cond, cache, i * f)
+            estimate = x - sigmas[k] * denoiser.predict(x, level, cond, reading_view(cache), i * f)
             losses.append((estimate - target).square().mean())
-            denoiser.write_context(finished, cond, cache, i * f, generator)
+            if i + 1 < len(steps):
+                denoiser.write_context(finished, cond, cache, i * f, generator)
         return torch.stack(losses).mean()
 
     def ode_step(

@@ -109,8 +109,10 @@ class Rollout:
                 if index in record:
                     levels.append(x)
                 level = torch.full((batch, x.shape[2]), sigmas[index], device=x.device)
-                with torch.set_grad_enabled(grad and index == exit_step):
-                    velocity = denoiser.predict(x, level, conditioning, cache, offset)
+                keep = grad and index == exit_step
+                with torch.set_grad_enabled(keep):
+                    reads = reading_view(cache) if keep else cache
+                    velocity = denoiser.predict(x, level, conditioning, reads, offset)
                     if index == last:
                         x = schedule.step(x, velocity, index, generator)  # the pipeline's last step
                     elif index == exit_step:
@@ -119,9 +121,26 @@ class Rollout:
                         x = schedule.step(x, velocity, index, generator)
             outputs.append(x)
             recorded.append(levels)
-            write = write_generators[i] if write_generators is not None else None
-            denoiser.write_context(x.detach(), conditioning, cache, offset, write)
+            if i + 1 < len(noises):  # nothing reads the last chunk's context
+                write = write_generators[i] if write_generators is not None else None
+                denoiser.write_context(x.detach(), conditioning, cache, offset, write)
         return torch.cat(outputs, dim=2), recorded
+
+
+def reading_view(cache: KVCache) -> KVCache:
+    """The cache as a forward with gradients reads it: the same buffers, this moment's slot map.
+
+    Gradient checkpointing runs such a forward again in the backward pass, after later chunks have
+    been written: with its own slot map it reads the same frames again, which are unchanged as long
+    as no later write evicts one (the rollout fits in the sinks + window + one chunk)."""
+    view = KVCache.__new__(KVCache)
+    nn.Module.__init__(view)
+    for name in ("num_layers", "frame_tokens", "sink_frames", "window_frames", "capacity_frames"):
+        setattr(view, name, getattr(cache, name))
+    view.register_buffer("k", cache.k, persistent=False)
+    view.register_buffer("v", cache.v, persistent=False)
+    view.slot_frames = list(cache.slot_frames)
+    return view
 
 
 def text_embeddings(encoder: nn.Module, prompts: list[str], config: VidgenConfig, device) -> torch.Tensor:
@@ -149,27 +168,32 @@ def conditioning(
 # ----------------------------------------------------------------------------- losses
 
 
-def score_pattern(model: CausalWanTransformer, config: VidgenConfig, latent_hw) -> AttentionPattern:
-    """A whole rollout seen at once as the cache shows it chunk by chunk: block-causal, each chunk
-    attending to the sinks and the window before it."""
+def score_pattern(
+    model: CausalWanTransformer, config: VidgenConfig, latent_hw, teacher_attention: str = "causal"
+) -> AttentionPattern | None:
+    """How the teacher and the score models see a whole video: ``causal``, block-causal with each
+    chunk attending to the sinks and the window before it, as the cache showed it chunk by chunk;
+    ``full`` (a bidirectional teacher such as Wan 2.1 T2V), everything (None)."""
+    if teacher_attention == "full":
+        return None
     g = config.generation
     return AttentionPattern.sliding_window(
         model.frame_tokens(*latent_hw), g.chunk_frames, g.window_frames, g.sink_frames
     )
 
 
-def clean_estimate(
+def velocity(
     model: CausalWanTransformer,
     noisy: torch.Tensor,
     sigma_frames: torch.Tensor,
     text: torch.Tensor,
-    pattern: AttentionPattern,
+    pattern: AttentionPattern | None,
     *,
     uncond: torch.Tensor | None = None,
     guidance_scale: float = 1.0,
     autocast: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """``x - sigma * v`` of a score model on a noisy rollout (B, C, F, h, w), per-frame ``sigma_frames``
+    """A score model's velocity on a whole noisy video (B, C, F, h, w) at per-frame ``sigma_frames``
     (B, F), with classifier-free guidance when ``uncond`` is given and the scale is not 1."""
     guided = uncond is not None and guidance_scale != 1.0
     x = torch.cat([noisy, noisy]) if guided else noisy
@@ -186,6 +210,12 @@ def clean_estimate(
     if guided:
         cond, unc = v.chunk(2)
         v = unc + guidance_scale * (cond - unc)
+    return v
+
+
+def clean_estimate(model, noisy: torch.Tensor, sigma_frames: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """``x - sigma * v`` (arguments as :func:`velocity`)."""
+    v = velocity(model, noisy, sigma_frames, *args, **kwargs)
     return noisy - sigma_frames[:, None, :, None, None] * v
 
 
@@ -206,7 +236,7 @@ def dmd_loss(
     uncond: torch.Tensor,
     sigma_frames: torch.Tensor,
     noise: torch.Tensor,
-    pattern: AttentionPattern,
+    pattern: AttentionPattern | None,
     guidance_scale: float,
     autocast: torch.dtype | None = None,
 ) -> torch.Tensor:
@@ -237,7 +267,7 @@ def flow_matching_loss(
     text: torch.Tensor,
     sigma_frames: torch.Tensor,
     noise: torch.Tensor,
-    pattern: AttentionPattern,
+    pattern: AttentionPattern | None,
     autocast: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The fake score's loss: the ordinary velocity regression on (detached) student rollouts."""
