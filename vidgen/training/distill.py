@@ -197,8 +197,6 @@ class Distiller:
             for model in (student, fake):
                 if model is not None:
                     model.enable_gradient_checkpointing()
-        if self.autocast is not None:
-            self.real.to(torch.bfloat16)  # frozen: stored in the compute dtype
         self.modules = DistillModules(student, fake).to(self.device)
         self.student_schedule = FlowSchedule(config.student_steps, self.shift, config.sampler)
         self.rollout = Rollout(
