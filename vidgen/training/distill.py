@@ -167,14 +167,16 @@ class Distiller:
         self.device = torch.device(config.device)
         self.autocast = torch.bfloat16 if config.dtype == "bfloat16" else None
         self.teacher = teacher or load_teacher(config.teacher, config.base)
+        self.shift = config.shift or self.teacher.config.generation.shift
+        # what the student runs, as the exported pipeline will run it
         self.pipe_config = self.teacher.config.replace(
             **{
                 "generation.num_inference_steps": config.student_steps,
                 "generation.sampler": config.sampler,
+                "generation.shift": self.shift,
                 "generation.guidance_scale": 1.0,
             }
         )
-        self.shift = config.shift or self.teacher.config.generation.shift
         if self.teacher.config.generation.mode != "chunkwise":
             raise ValueError(
                 "distillation follows the pipeline's chunkwise mode; the teacher's config says otherwise"
@@ -227,7 +229,6 @@ class Distiller:
         every = self.config.teacher_steps // self.config.student_steps
         return [k * every for k in range(self.config.student_steps)]
 
-    @torch.no_grad()
     @torch.no_grad()
     def teacher_trajectories(self, prompts: list[str], generator: torch.Generator) -> dict[str, torch.Tensor]:
         """The teacher's many-step generation of ``prompts``: its latents at the student's sigmas
@@ -331,8 +332,13 @@ class Distiller:
         pick = rng.choice(len(prompts), size=min(c.batch_size, len(prompts)), replace=False)
         chosen = torch.from_numpy(pick)
         steps = torch.from_numpy(rng.integers(0, c.student_steps, size=c.rollout_chunks))
+        context_noise = torch.Generator(self.device).manual_seed(c.seed * 7_919 + step)
         loss = self.regression_loss(
-            [prompts[int(i)] for i in pick], pool["levels"][chosen], pool["clean"][chosen], steps
+            [prompts[int(i)] for i in pick],
+            pool["levels"][chosen],
+            pool["clean"][chosen],
+            steps,
+            context_noise,
         )
         return {"loss": loss}
 
@@ -365,6 +371,7 @@ class Distiller:
             exits,
             grad=train_generator,
             step_generators=[step_generator] * len(noises),
+            write_generators=[step_generator] * len(noises),  # context noise, if any
         )
         batch = video.shape[0]
         chunk_frames = self.rollout.chunk_frames
