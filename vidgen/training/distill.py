@@ -258,12 +258,16 @@ class Distiller:
                     autocast=self.autocast,
                 )
                 x = schedule.step(x, v, index)
-            return {"levels": torch.stack(levels, dim=1).float().cpu(), "clean": x.float().cpu()}
+            return {"levels": self._stored(torch.stack(levels, dim=1)), "clean": self._stored(x)}
         rollout = Rollout(self.teacher.config, self.latent_hw, schedule, autocast=self.autocast)
         cond = conditioning(self.real, text, uncond, c.teacher_guidance)
         video, recorded = rollout.run(self.real, cond, noises, record=record)
         levels = torch.cat([torch.stack(chunk, dim=1) for chunk in recorded], dim=3)  # (B, K, C, F, h, w)
-        return {"levels": levels.float().cpu(), "clean": video.float().cpu()}
+        return {"levels": self._stored(levels), "clean": self._stored(video)}
+
+    def _stored(self, latents: torch.Tensor) -> torch.Tensor:
+        """Pool tensors live on the CPU, in bf16 when training in bf16 (a Wan-size pool is large)."""
+        return latents.to("cpu", torch.bfloat16 if self.autocast is not None else torch.float32)
 
     def ode_pool(self) -> tuple[dict[str, torch.Tensor], list[str]]:
         """The run's trajectory pool, made once (``ode_pairs`` trajectories) and kept in the run folder."""
@@ -309,13 +313,13 @@ class Distiller:
         losses = []
         for i, k in enumerate(steps.tolist()):
             frames = slice(i * f, (i + 1) * f)
-            x = levels[:, k, :, frames].to(self.device)
-            finished = clean[:, :, frames].to(self.device)
+            x = levels[:, k, :, frames].to(self.device, torch.float32)
+            finished = clean[:, :, frames].to(self.device, torch.float32)
             target = finished
             if self.config.sampler == "euler" and k + 1 < len(levels[0]):
                 # a deterministic sampler follows the trajectory: the estimate whose Euler step
                 # lands on the teacher's next point (the last step's is the teacher's chunk)
-                following = levels[:, k + 1, :, frames].to(self.device)
+                following = levels[:, k + 1, :, frames].to(self.device, torch.float32)
                 target = x - sigmas[k] * (following - x) / (sigmas[k + 1] - sigmas[k])
             level = torch.full((batch, f), sigmas[k], device=self.device)
             estimate = x - sigmas[k] * denoiser.predict(x, level, cond, reading_view(cache), i * f)
