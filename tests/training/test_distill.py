@@ -230,3 +230,17 @@ def test_bidirectional_teacher_makes_whole_video_trajectories(wan_like_folder, t
     assert distiller.pattern is None
     out = distiller.self_forcing_step(0)
     assert torch.isfinite(out["generator_loss"]) and torch.isfinite(out["critic_loss"])
+
+
+def test_bf16_autocast_steps(teacher_folder, tmp_path):
+    """``--dtype bfloat16`` (the GPU setting) on the CPU: fp32 weights, bf16 cache and pool."""
+    distiller = Distiller(_config(tmp_path / "sf", teacher_folder, stage="self-forcing", dtype="bfloat16"))
+    out = distiller.self_forcing_step(0)
+    out["loss"].backward()
+    assert torch.isfinite(out["generator_loss"]) and torch.isfinite(out["critic_loss"])
+    assert distiller.student.dtype == torch.float32 and distiller.student.proj_out.weight.grad is not None
+    assert distiller.rollout.cache(distiller.student, 2).k.dtype == torch.bfloat16
+    distiller = Distiller(_config(tmp_path / "ode", teacher_folder, dtype="bfloat16"))
+    pool, prompts = distiller.ode_pool()
+    assert pool["levels"].dtype == torch.bfloat16
+    assert torch.isfinite(distiller.ode_step(0, pool, prompts)["loss"])
