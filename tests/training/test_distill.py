@@ -200,6 +200,8 @@ def test_cli_distils_end_to_end(teacher_folder, tmp_path):
     frames = pipe(PROMPT, num_frames=5, generator=0).frames
     assert frames.shape == (5, 32, 32, 3)
     assert main(["train", "distill", "--run-dir", str(tmp_path / "x")]) == 2  # no teacher
+    assert main(["train", "distill", "--run-dir", str(tmp_path / "z"), "--gradient-checkpointing", "true",
+                 "--rollout-chunks", "9", *common[:2]]) == 2  # fmt: skip
     assert main(["train", "distill", "--teacher", str(teacher_folder), "--run-dir", str(tmp_path / "y"),
                  "--teacher-steps", "6"]) == 2  # fmt: skip
 

@@ -111,7 +111,7 @@ def _run_transformer(args: argparse.Namespace) -> int:
 
 def _run_distill(args: argparse.Namespace) -> int:
     from vidgen.training.configs import DistillTrainConfig
-    from vidgen.training.distill import train_distill
+    from vidgen.training.distill import DistillSetupError, train_distill
 
     try:
         config = _config_from_args(DistillTrainConfig, args)
@@ -121,7 +121,7 @@ def _run_distill(args: argparse.Namespace) -> int:
         raise UsageError("--teacher is required: a pipeline folder or a transformer training run")
     try:
         print(f"wrote {train_distill(config)}")
-    except FileNotFoundError as err:
+    except (FileNotFoundError, DistillSetupError) as err:
         raise UsageError(str(err)) from None
     return 0
 

@@ -55,6 +55,12 @@ from vidgen.training.rollout import (
     velocity,
 )
 
+
+class DistillSetupError(ValueError):
+    """A teacher, prompt file or setting that cannot be distilled as asked; the message says what
+    to change (the CLI prints it as one line)."""
+
+
 # ----------------------------------------------------------------------------- teacher and prompts
 
 
@@ -131,7 +137,7 @@ class PromptSource:
         if path:
             self.lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
             if not self.lines:
-                raise ValueError(f"{path} holds no prompts (one per line)")
+                raise DistillSetupError(f"{path} holds no prompts (one per line)")
 
     def sample(self, rng: np.random.Generator, count: int) -> list[str]:
         if self.lines:
@@ -162,7 +168,7 @@ class Distiller:
 
     def __init__(self, config: DistillTrainConfig, teacher: Teacher | None = None) -> None:
         if not config.teacher and teacher is None:
-            raise ValueError("--teacher is required: a pipeline folder or a transformer training run")
+            raise DistillSetupError("--teacher is required: a pipeline folder or a transformer training run")
         self.config = config
         self.device = torch.device(config.device)
         self.autocast = torch.bfloat16 if config.dtype == "bfloat16" else None
@@ -178,7 +184,7 @@ class Distiller:
             }
         )
         if self.teacher.config.generation.mode != "chunkwise":
-            raise ValueError(
+            raise DistillSetupError(
                 "distillation follows the pipeline's chunkwise mode; the teacher's config says otherwise"
             )
         self.latent_hw = self.teacher.latent_hw
@@ -191,7 +197,7 @@ class Distiller:
         g = self.teacher.config.generation
         if config.gradient_checkpointing:
             if (config.rollout_chunks - 1) * g.chunk_frames > g.sink_frames + g.window_frames:
-                raise ValueError(
+                raise DistillSetupError(
                     f"gradient_checkpointing recomputes chunks against the cache: rollout_chunks="
                     f"{config.rollout_chunks} would overwrite cached frames (at most "
                     f"{1 + (g.sink_frames + g.window_frames) // g.chunk_frames} chunks with this cache)"
