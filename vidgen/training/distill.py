@@ -446,12 +446,14 @@ def train_distill(config: DistillTrainConfig, teacher: Teacher | None = None) ->
     run = TrainingRun(config, modules, optimizer, lr_floor=1.0)
     if config.stage == "ode":
         pool, prompts = distiller.ode_pool()
+    metrics: dict[str, float] = {}
     while not run.done:
         if config.stage == "ode":
             out = distiller.ode_step(run.step, pool, prompts)
         else:
             out = distiller.self_forcing_step(run.step)
-        metrics = {k: float(v.detach()) for k, v in out.items() if k != "loss"}
+        # the latest of each (a generator loss comes every generator_every steps)
+        metrics.update({k: float(v.detach()) for k, v in out.items() if k != "loss"})
         if not run.update(out["loss"], **metrics):
             break
     latest = run.finish()
