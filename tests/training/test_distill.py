@@ -41,6 +41,16 @@ def wan_like_folder(tmp_path_factory):
     return save_tiny_pipeline(tmp_path_factory.mktemp("wan") / "pipe", seed=4, **SMALL, **WAN_LIKE)
 
 
+_TEACHERS = {}
+
+
+def _teacher(folder):
+    """Loaded once per folder: the frozen teacher is shared, each run copies its own student."""
+    if folder not in _TEACHERS:
+        _TEACHERS[folder] = load_teacher(folder)
+    return _TEACHERS[folder]
+
+
 def _config(tmp_path, teacher_folder, **overrides):
     values = dict(
         run_dir=str(tmp_path / "run"),
@@ -64,7 +74,7 @@ def test_rollout_is_the_pipelines_generation(request, tmp_path, geometry, sample
     """Five chunks (past the sinks + window, so the ring and rolling positions are exercised),
     seeded as the pipeline seeds them: the trainer's rollout gives the pipeline's latents."""
     folder = request.getfixturevalue("teacher_folder" if geometry == "default" else "wan_like_folder")
-    distiller = Distiller(_config(tmp_path, folder, sampler=sampler, rollout_chunks=5))
+    distiller = Distiller(_config(tmp_path, folder, sampler=sampler, rollout_chunks=5), _teacher(folder))
     distiller.pipe_config = distiller.pipe_config.replace(**{"generation.addnoise_condition": context_noise})
     distiller.rollout.config = distiller.pipe_config
     vae = loading.load_vae(folder, distiller.pipe_config)
@@ -93,7 +103,7 @@ def test_rollout_is_the_pipelines_generation(request, tmp_path, geometry, sample
 
 
 def test_dmd_gradient_vanishes_when_the_scores_agree(teacher_folder, tmp_path):
-    distiller = Distiller(_config(tmp_path, teacher_folder, stage="self-forcing"))
+    distiller = Distiller(_config(tmp_path, teacher_folder, stage="self-forcing"), _teacher(teacher_folder))
     student = distiller.student
     generator = torch.Generator().manual_seed(0)
     text = distiller.embed([PROMPT, "a blue square moving up on a white background"])
@@ -136,7 +146,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(teacher_folder, tmp_pat
             exit_step="per_chunk",
             gradient_checkpointing=checkpointing,
         )
-        distiller = Distiller(config)
+        distiller = Distiller(config, _teacher(teacher_folder))
         assert distiller.student.gradient_checkpointing == checkpointing
         with torch.no_grad():
             distiller.modules.fake_score.proj_out.bias.add_(0.5)
@@ -145,7 +155,10 @@ def test_gradient_checkpointing_gives_the_same_gradients(teacher_folder, tmp_pat
     assert grads[0].abs().max() > 1e-4
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
     with pytest.raises(ValueError, match="rollout_chunks=5"):
-        Distiller(_config(tmp_path, teacher_folder, rollout_chunks=5, gradient_checkpointing=True))
+        Distiller(
+            _config(tmp_path, teacher_folder, rollout_chunks=5, gradient_checkpointing=True),
+            _teacher(teacher_folder),
+        )
 
 
 def _four_step_error(student, distiller, pool, prompts) -> float:
@@ -159,12 +172,12 @@ def test_ode_regression_brings_four_steps_to_the_teacher(teacher_folder, tmp_pat
     config = _config(
         tmp_path, teacher_folder, sampler="euler", steps=25, lr=2e-3, teacher_guidance=4.0, ema_decay=0.5
     )
-    distiller = Distiller(config)
+    distiller = Distiller(config, _teacher(teacher_folder))
     pool, prompts = distiller.ode_pool()
     assert pool["levels"].shape == (2, 4, 4, 4, 8, 8) and pool["clean"].shape == (2, 4, 4, 8, 8)
     # the pool starts from pure noise and passes through the student's sigmas
     before = _four_step_error(distiller.student, distiller, pool, prompts)
-    folder = train_distill(config)
+    folder = train_distill(config, _teacher(teacher_folder))
     after = _four_step_error(CausalWanTransformer.from_pretrained(folder), distiller, pool, prompts)
     assert after < 0.5 * before, (before, after)
 
@@ -172,11 +185,11 @@ def test_ode_regression_brings_four_steps_to_the_teacher(teacher_folder, tmp_pat
 @pytest.mark.parametrize("stage", ["ode", "self-forcing"])
 def test_stretches_resume_exactly(teacher_folder, tmp_path, stage):
     common = dict(stage=stage, steps=5, generator_every=2, exit_step="per_chunk", save_every=100)
-    train_distill(_config(tmp_path / "whole", teacher_folder, **common))
+    train_distill(_config(tmp_path / "whole", teacher_folder, **common), _teacher(teacher_folder))
     split = _config(tmp_path / "split", teacher_folder, stretch_steps=3, **common)
-    train_distill(split)
+    train_distill(split, _teacher(teacher_folder))
     assert json.loads((tmp_path / "split" / "run" / "latest" / "state.json").read_text())["step"] == 3
-    train_distill(_config(tmp_path / "split", teacher_folder, **common))
+    train_distill(_config(tmp_path / "split", teacher_folder, **common), _teacher(teacher_folder))
     a = load_file(str(tmp_path / "whole" / "run" / "latest" / "model.safetensors"))
     b = load_file(str(tmp_path / "split" / "run" / "latest" / "model.safetensors"))
     start = load_teacher(teacher_folder).transformer.state_dict()
@@ -214,7 +227,7 @@ def test_bidirectional_teacher_makes_whole_video_trajectories(wan_like_folder, t
         for chunks in (1, 2):
             config = _config(tmp_path / f"{attention}{chunks}", wan_like_folder, teacher_attention=attention)
             config.rollout_chunks = chunks
-            distiller = Distiller(config)
+            distiller = Distiller(config, _teacher(wan_like_folder))
             pools[attention, chunks] = distiller.teacher_trajectories(
                 [PROMPT], torch.Generator().manual_seed(0)
             )
@@ -227,7 +240,8 @@ def test_bidirectional_teacher_makes_whole_video_trajectories(wan_like_folder, t
     ).abs().max() > 1e-4
     # and a self-forcing step scores the rollout with full attention
     distiller = Distiller(
-        _config(tmp_path / "sf", wan_like_folder, stage="self-forcing", teacher_attention="full")
+        _config(tmp_path / "sf", wan_like_folder, stage="self-forcing", teacher_attention="full"),
+        _teacher(wan_like_folder),
     )
     assert distiller.pattern is None
     out = distiller.self_forcing_step(0)
@@ -236,13 +250,18 @@ def test_bidirectional_teacher_makes_whole_video_trajectories(wan_like_folder, t
 
 def test_bf16_autocast_steps(teacher_folder, tmp_path):
     """``--dtype bfloat16`` (the GPU setting) on the CPU: fp32 weights, bf16 cache and pool."""
-    distiller = Distiller(_config(tmp_path / "sf", teacher_folder, stage="self-forcing", dtype="bfloat16"))
+    distiller = Distiller(
+        _config(tmp_path / "sf", teacher_folder, stage="self-forcing", dtype="bfloat16"),
+        _teacher(teacher_folder),
+    )
     out = distiller.self_forcing_step(0)
     out["loss"].backward()
     assert torch.isfinite(out["generator_loss"]) and torch.isfinite(out["critic_loss"])
     assert distiller.student.dtype == torch.float32 and distiller.student.proj_out.weight.grad is not None
     assert distiller.rollout.cache(distiller.student, 2).k.dtype == torch.bfloat16
-    distiller = Distiller(_config(tmp_path / "ode", teacher_folder, dtype="bfloat16"))
+    distiller = Distiller(
+        _config(tmp_path / "ode", teacher_folder, dtype="bfloat16"), _teacher(teacher_folder)
+    )
     pool, prompts = distiller.ode_pool()
     assert pool["levels"].dtype == torch.bfloat16
     assert torch.isfinite(distiller.ode_step(0, pool, prompts)["loss"])
