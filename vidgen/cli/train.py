@@ -4,6 +4,9 @@
     vidgen train finalize-autoencoder --run-dir runs/ae --out runs/ae/final
     vidgen train transformer --run-dir runs/dit --autoencoder runs/ae/final --minutes 120
     vidgen train export --transformer-run runs/dit --autoencoder runs/ae/final --out vidgen/default_model
+    vidgen train distill --stage ode --teacher vidgen/default_model --run-dir runs/distill-ode
+    vidgen train distill --stage self-forcing --teacher vidgen/default_model --init-from runs/distill-ode \
+        --run-dir runs/distill-sf
 
 Every option of the training configs (``vidgen.training.*TrainConfig``) is a flag; rerunning the
 same command continues from ``RUN_DIR/latest``.
@@ -28,6 +31,8 @@ def _add_dataclass_options(parser: argparse.ArgumentParser, cls) -> None:
             parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=default)
         elif kind in (int, float, str):
             parser.add_argument(flag, type=kind, default=default, help=f"(default {default})")
+        elif typing.get_origin(kind) is typing.Literal:
+            parser.add_argument(flag, choices=typing.get_args(kind), default=default)
 
 
 def _config_from_args(cls, args: argparse.Namespace):
@@ -37,7 +42,7 @@ def _config_from_args(cls, args: argparse.Namespace):
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
-    from vidgen.training.configs import AutoencoderTrainConfig, TransformerTrainConfig
+    from vidgen.training.configs import AutoencoderTrainConfig, DistillTrainConfig, TransformerTrainConfig
 
     parser = sub.add_parser(name, help="train the default model (autoencoder, transformer) on Shapes World")
     parts = parser.add_subparsers(dest="part", metavar="PART")
@@ -55,6 +60,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     tr = parts.add_parser("transformer", help="train the causal transformer with diffusion forcing")
     _add_dataclass_options(tr, TransformerTrainConfig)
     tr.set_defaults(run=_run_transformer)
+
+    ds = parts.add_parser("distill", help="distil a many-step teacher to the pipeline's few steps")
+    _add_dataclass_options(ds, DistillTrainConfig)
+    ds.set_defaults(run=_run_distill)
 
     cp = parts.add_parser("compact", help="a small copy of a run's latest state, to keep in the repository")
     cp.add_argument("--run-dir", required=True)
@@ -106,6 +115,23 @@ def _run_transformer(args: argparse.Namespace) -> int:
     try:
         train_transformer(_config_from_args(TransformerTrainConfig, args))
     except FileNotFoundError as err:
+        raise UsageError(str(err)) from None
+    return 0
+
+
+def _run_distill(args: argparse.Namespace) -> int:
+    from vidgen.training.configs import DistillTrainConfig
+    from vidgen.training.distill import DistillSetupError, train_distill
+
+    try:
+        config = _config_from_args(DistillTrainConfig, args)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if not config.teacher:
+        raise UsageError("--teacher is required: a pipeline folder or a transformer training run")
+    try:
+        print(f"wrote {train_distill(config)}")
+    except (FileNotFoundError, DistillSetupError) as err:
         raise UsageError(str(err)) from None
     return 0
 

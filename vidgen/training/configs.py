@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass
@@ -107,3 +108,105 @@ class TransformerTrainConfig:
     log_every: int = 50
     save_every: int = 1000
     threads: int = 0
+
+
+DistillStage = Literal["ode", "self-forcing"]
+ExitStep = Literal["per_rollout", "per_chunk", "last"]
+
+
+@dataclass
+class DistillTrainConfig:
+    """Few-step distillation of a causal transformer (``vidgen train distill``): see
+    ``vidgen.training.distill``. The same fields serve the Shapes World model on a CPU and a Wan-size
+    model on a GPU (``device="cuda"``, ``dtype="bfloat16"``, ``prompts=FILE``)."""
+
+    run_dir: str = "runs/distill"
+    """Folder for checkpoints (``latest/``), ``log.jsonl`` and, at the end, ``transformer/`` (and
+    ``pipeline/`` for MiniLM models)."""
+    stage: DistillStage = "ode"
+    """``ode``: regress the teacher's ODE trajectories (CausVid's initialisation); ``self-forcing``:
+    DMD on the student's own autoregressive rollouts."""
+    teacher: str = ""
+    """The many-step model: a pipeline folder, or a transformer training run (``latest/``)."""
+    base: str = ""
+    """When the teacher is a training run: the pipeline folder giving text encoder, autoencoder and
+    generation settings (empty: the embedded default model)."""
+    init_from: str = ""
+    """Student's starting weights: an earlier stage's run folder, a pipeline or transformer folder
+    (empty: the teacher)."""
+    prompts: str = ""
+    """Text file of training prompts, one per line (empty: Shapes World captions)."""
+    student_steps: int = 4
+    """Denoising steps per chunk of the student (the pipeline's ``num_inference_steps``)."""
+    sampler: Literal["euler", "x0_renoise"] = "x0_renoise"
+    """The student's sampler (written into the exported pipeline's config)."""
+    shift: float = 0.0
+    """Schedule shift (0: the teacher's ``generation.shift``)."""
+    teacher_steps: int = 32
+    """Euler steps of the teacher's trajectories (a multiple of ``student_steps``)."""
+    teacher_attention: Literal["causal", "full"] = "causal"
+    """How the teacher (and the score models) see a video: ``causal``, a many-step causal model
+    (the default model) making and judging it chunk by chunk as the cache shows it; ``full``, a
+    bidirectional model such as Wan 2.1 T2V (CausVid's and Self Forcing's teacher), the whole
+    video at once."""
+    teacher_guidance: float = 1.0
+    """Classifier-free guidance of the teacher: its trajectories and the real score (Wan: 3-5)."""
+    rollout_chunks: int = 3
+    """Chunks per training rollout (keep them within the teacher's sinks + window + one chunk)."""
+    ode_pairs: int = 64
+    """Teacher trajectories made once at the start of the ``ode`` stage and reused."""
+    exit_step: ExitStep = "per_rollout"
+    """The denoising step that keeps its gradient and ends a chunk: random and shared by the chunks of
+    a rollout (Self Forcing's default), random per chunk, or always the last."""
+    generator_every: int = 5
+    """Self-forcing: a generator update every this many fake-score updates."""
+    dmd_sigma_min: float = 0.02
+    dmd_sigma_max: float = 0.98
+    """Range of the (shifted) noise levels at which the score models judge a rollout."""
+    batch_size: int = 2
+    steps: int = 1000
+    minutes: float = 0.0
+    """Stop this stretch after this many minutes (0: run to ``steps``)."""
+    stretch_steps: int = 0
+    """Stop this stretch after this many steps (0: run to ``steps``)."""
+    lr: float = 2e-5
+    """Learning rate of the student (Wan 1.3B in Self Forcing: 2e-6)."""
+    fake_score_lr: float = 2e-5
+    """Learning rate of the fake score (Wan 1.3B in Self Forcing: 4e-7)."""
+    warmup: int = 20
+    weight_decay: float = 0.0
+    ema_decay: float = 0.99
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (student and fake score; needed for Wan-size
+    models); the rollout must then fit in the cache's sinks + window + one chunk."""
+    device: str = "cpu"
+    """``cpu`` or ``cuda`` (``cuda:1`` ...)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype: ``bfloat16`` autocasts the transformers (fp32 master weights)."""
+    seed: int = 0
+    log_every: int = 10
+    save_every: int = 100
+    threads: int = 0
+    """torch threads (0: leave torch's default)."""
+
+    def __post_init__(self) -> None:
+        if self.stage not in ("ode", "self-forcing"):
+            raise ValueError(f"stage={self.stage!r}: use 'ode' or 'self-forcing'")
+        if self.exit_step not in ("per_rollout", "per_chunk", "last"):
+            raise ValueError(f"exit_step={self.exit_step!r}: use 'per_rollout', 'per_chunk' or 'last'")
+        if self.sampler not in ("euler", "x0_renoise"):
+            raise ValueError(f"sampler={self.sampler!r}: use 'euler' or 'x0_renoise'")
+        if self.teacher_attention not in ("causal", "full"):
+            raise ValueError(f"teacher_attention={self.teacher_attention!r}: use 'causal' or 'full'")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype={self.dtype!r}: use 'float32' or 'bfloat16'")
+        if self.student_steps < 1 or self.teacher_steps % self.student_steps:
+            raise ValueError(
+                f"teacher_steps={self.teacher_steps} must be a multiple of student_steps={self.student_steps} "
+                "(the teacher's schedule then passes through the student's sigmas)"
+            )
+        for name in ("rollout_chunks", "generator_every", "batch_size", "ode_pairs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.dmd_sigma_min < self.dmd_sigma_max < 1.0:
+            raise ValueError("need 0 < dmd_sigma_min < dmd_sigma_max < 1")

@@ -91,10 +91,12 @@ class TrainingRun:
         """Back-propagate ``loss``, step the optimiser and the EMA, log and save when due.
         Returns False when this stretch's time budget is spent (the state was saved)."""
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr()
+            group["lr"] = self.lr() * group.get("lr_scale", 1.0)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        # each parameter group (e.g. a generator and its critic) is clipped on its own
+        norms = [torch.nn.utils.clip_grad_norm_(g["params"], 1.0) for g in self.optimizer.param_groups]
+        grad_norm = norms[0] if len(norms) == 1 else torch.stack(norms).square().sum().sqrt()
         self.optimizer.step()
         self.ema.update(self.model, self.step)
         self.step += 1

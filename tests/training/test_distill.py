@@ -1,0 +1,267 @@
+"""Few-step distillation on a tiny random teacher: the trainer's rollout is the pipeline's, the DMD
+gradient vanishes exactly when the score models agree, ODE regression brings the student's few steps
+to the teacher's many, runs resume exactly, and ``vidgen train distill`` writes loadable folders."""
+
+import copy
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.tiny import FP32, save_tiny_pipeline
+from vidgen.models import CausalWanTransformer
+from vidgen.pipelines import LongVideoPipeline, loading
+from vidgen.pipelines.pipeline import _chunk_generator
+from vidgen.training.configs import DistillTrainConfig
+from vidgen.training.distill import Distiller, load_teacher, train_distill
+from vidgen.training.rollout import conditioning, dmd_loss, sample_sigmas
+
+SMALL = {"generation.height": 32, "generation.width": 32, "drift.anchor_stats": False, **FP32}
+PROMPT = "a red circle moving left on a black background"
+
+
+# the Wan 2.1 preset's chunking, schedule and single-prompt text, on tiny weights
+WAN_LIKE = {
+    "generation.chunk_frames": 3,
+    "generation.sink_frames": 3,
+    "generation.window_frames": 9,
+    "generation.shift": 5.0,
+    "model.text_conditioning": "single",
+}
+
+
+@pytest.fixture(scope="module")
+def teacher_folder(tmp_path_factory):
+    return save_tiny_pipeline(tmp_path_factory.mktemp("teacher") / "pipe", seed=3, **SMALL)
+
+
+@pytest.fixture(scope="module")
+def wan_like_folder(tmp_path_factory):
+    return save_tiny_pipeline(tmp_path_factory.mktemp("wan") / "pipe", seed=4, **SMALL, **WAN_LIKE)
+
+
+_TEACHERS = {}
+
+
+def _teacher(folder):
+    """Loaded once per folder: the frozen teacher is shared, each run copies its own student."""
+    if folder not in _TEACHERS:
+        _TEACHERS[folder] = load_teacher(folder)
+    return _TEACHERS[folder]
+
+
+def _config(tmp_path, teacher_folder, **overrides):
+    values = dict(
+        run_dir=str(tmp_path / "run"),
+        teacher=str(teacher_folder),
+        batch_size=2,
+        rollout_chunks=2,
+        teacher_steps=8,
+        ode_pairs=2,
+        log_every=1,
+        save_every=100,
+        warmup=1,
+    )
+    return DistillTrainConfig(**{**values, **overrides})
+
+
+@pytest.mark.parametrize(
+    "geometry, sampler, context_noise",
+    [("default", "x0_renoise", 0.0), ("default", "euler", 0.05), ("wan_like", "x0_renoise", 0.0)],
+)
+def test_rollout_is_the_pipelines_generation(request, tmp_path, geometry, sampler, context_noise):
+    """Five chunks (past the sinks + window, so the ring and rolling positions are exercised),
+    seeded as the pipeline seeds them: the trainer's rollout gives the pipeline's latents."""
+    folder = request.getfixturevalue("teacher_folder" if geometry == "default" else "wan_like_folder")
+    distiller = Distiller(_config(tmp_path, folder, sampler=sampler, rollout_chunks=5), _teacher(folder))
+    distiller.pipe_config = distiller.pipe_config.replace(**{"generation.addnoise_condition": context_noise})
+    distiller.rollout.config = distiller.pipe_config
+    vae = loading.load_vae(folder, distiller.pipe_config)
+    pipe = LongVideoPipeline(distiller.student, vae, distiller.teacher.text_encoder, distiller.pipe_config)
+    seed, chunks, f = 11, 5, distiller.rollout.chunk_frames
+    expected = pipe(PROMPT, num_frames=1 + 4 * (f * chunks - 1), generator=seed, output_type="latent").frames
+
+    shape = (1, *distiller.chunk_shape)
+    noises = [torch.randn(shape, generator=_chunk_generator(seed, i, 0, "cpu")) for i in range(chunks)]
+    with torch.no_grad():
+        cond = conditioning(distiller.student, distiller.embed([PROMPT]))
+        video, _ = distiller.rollout.run(
+            distiller.student,
+            cond,
+            noises,
+            exits=[3] * chunks,
+            step_generators=[_chunk_generator(seed, i, 4, "cpu") for i in range(chunks)],
+            write_generators=[_chunk_generator(seed, f * i, 1, "cpu") for i in range(chunks)],
+        )
+    assert video.shape == expected.shape
+    assert (video - expected).abs().max() < 1e-5
+    # a rollout that stops a step early is another video: the comparison can fail
+    with torch.no_grad():
+        early, _ = distiller.rollout.run(distiller.student, cond, noises, exits=[2] * chunks)
+    assert (early - expected).abs().max() > 1e-3
+
+
+def test_dmd_gradient_vanishes_when_the_scores_agree(teacher_folder, tmp_path):
+    distiller = Distiller(_config(tmp_path, teacher_folder, stage="self-forcing"), _teacher(teacher_folder))
+    student = distiller.student
+    generator = torch.Generator().manual_seed(0)
+    text = distiller.embed([PROMPT, "a blue square moving up on a white background"])
+    uncond = distiller.embed(["", ""])
+    noises = distiller.noises(2, generator)
+    sigma = sample_sigmas(2, 2, 2, distiller.config, distiller.shift, generator)
+    noise = torch.randn((2, 4, 4, 8, 8), generator=generator)
+
+    def generator_grad(fake) -> float:
+        student.zero_grad(set_to_none=True)
+        video, _ = distiller.rollout.run(student, conditioning(student, text), noises, [1, 3], grad=True)
+        loss = dmd_loss(video, distiller.real, fake, text, uncond, sigma, noise, distiller.pattern, 1.0)
+        loss.backward()
+        grads = [p.grad.norm() for p in student.parameters() if p.grad is not None]
+        return float(torch.stack(grads).norm())
+
+    assert generator_grad(copy.deepcopy(distiller.real)) < 1e-9
+    off = copy.deepcopy(distiller.real)
+    with torch.no_grad():
+        off.proj_out.bias.add_(0.5)
+    assert generator_grad(off) > 1e-3
+    # direction: the fake score's velocity is 0.5 too high, so its clean estimate too low; descending
+    # the loss moves every value of the rollout up, away from the fake estimate towards the real one
+    video = torch.randn((2, 4, 4, 8, 8), generator=generator).requires_grad_(True)
+    loss = dmd_loss(video, distiller.real, off, text, uncond, sigma, noise, distiller.pattern, 1.0)
+    (grad,) = torch.autograd.grad(loss, video)
+    assert (grad < 0).all()
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(teacher_folder, tmp_path):
+    """Checkpointed chunks are recomputed after later chunks were cached: they read the cache as it
+    was (four chunks fill this cache, so the last reads every slot)."""
+    grads = []
+    for checkpointing in (False, True):
+        config = _config(
+            tmp_path / str(checkpointing),
+            teacher_folder,
+            stage="self-forcing",
+            rollout_chunks=4,
+            exit_step="per_chunk",
+            gradient_checkpointing=checkpointing,
+        )
+        distiller = Distiller(config, _teacher(teacher_folder))
+        assert distiller.student.gradient_checkpointing == checkpointing
+        with torch.no_grad():
+            distiller.modules.fake_score.proj_out.bias.add_(0.5)
+        distiller.self_forcing_step(0)["loss"].backward()
+        grads.append(torch.cat([p.grad.flatten() for p in distiller.modules.parameters()]))
+    assert grads[0].abs().max() > 1e-4
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    with pytest.raises(ValueError, match="rollout_chunks=5"):
+        Distiller(
+            _config(tmp_path, teacher_folder, rollout_chunks=5, gradient_checkpointing=True),
+            _teacher(teacher_folder),
+        )
+
+
+def _four_step_error(student, distiller, pool, prompts) -> float:
+    noises = [pool["levels"][:, 0, :, 2 * i : 2 * i + 2] for i in range(distiller.config.rollout_chunks)]
+    with torch.no_grad():
+        video, _ = distiller.rollout.run(student, conditioning(student, distiller.embed(prompts)), noises)
+    return float((video - pool["clean"]).square().mean())
+
+
+def test_ode_regression_brings_four_steps_to_the_teacher(teacher_folder, tmp_path):
+    config = _config(
+        tmp_path, teacher_folder, sampler="euler", steps=25, lr=2e-3, teacher_guidance=4.0, ema_decay=0.5
+    )
+    distiller = Distiller(config, _teacher(teacher_folder))
+    pool, prompts = distiller.ode_pool()
+    assert pool["levels"].shape == (2, 4, 4, 4, 8, 8) and pool["clean"].shape == (2, 4, 4, 8, 8)
+    # the pool starts from pure noise and passes through the student's sigmas
+    before = _four_step_error(distiller.student, distiller, pool, prompts)
+    folder = train_distill(config, _teacher(teacher_folder))
+    after = _four_step_error(CausalWanTransformer.from_pretrained(folder), distiller, pool, prompts)
+    assert after < 0.5 * before, (before, after)
+
+
+@pytest.mark.parametrize("stage", ["ode", "self-forcing"])
+def test_stretches_resume_exactly(teacher_folder, tmp_path, stage):
+    common = dict(stage=stage, steps=5, generator_every=2, exit_step="per_chunk", save_every=100)
+    train_distill(_config(tmp_path / "whole", teacher_folder, **common), _teacher(teacher_folder))
+    split = _config(tmp_path / "split", teacher_folder, stretch_steps=3, **common)
+    train_distill(split, _teacher(teacher_folder))
+    assert json.loads((tmp_path / "split" / "run" / "latest" / "state.json").read_text())["step"] == 3
+    train_distill(_config(tmp_path / "split", teacher_folder, **common), _teacher(teacher_folder))
+    a = load_file(str(tmp_path / "whole" / "run" / "latest" / "model.safetensors"))
+    b = load_file(str(tmp_path / "split" / "run" / "latest" / "model.safetensors"))
+    start = load_teacher(teacher_folder).transformer.state_dict()
+    assert any(not torch.equal(a[f"generator.{k}"], v) for k, v in start.items())  # it trained
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_cli_distils_end_to_end(teacher_folder, tmp_path):
+    from vidgen.cli import main
+
+    ode, sf = tmp_path / "ode", tmp_path / "sf"
+    common = ["--teacher", str(teacher_folder), "--steps", "2", "--batch-size", "1", "--rollout-chunks", "2"]
+    assert main(["train", "distill", "--stage", "ode", "--run-dir", str(ode), "--teacher-steps", "8",
+                 "--ode-pairs", "2", *common]) == 0  # fmt: skip
+    assert main(["train", "distill", "--stage", "self-forcing", "--run-dir", str(sf), "--init-from", str(ode),
+                 "--generator-every", "1", "--exit-step", "per_chunk", *common]) == 0  # fmt: skip
+    student = CausalWanTransformer.from_pretrained(sf / "transformer")
+    assert student.config.num_layers == 2
+    pipe = LongVideoPipeline.from_pretrained(sf / "pipeline")
+    assert pipe.config.generation.num_inference_steps == 4 and pipe.config.generation.sampler == "x0_renoise"
+    frames = pipe(PROMPT, num_frames=5, generator=0).frames
+    assert frames.shape == (5, 32, 32, 3)
+    assert main(["train", "distill", "--run-dir", str(tmp_path / "x")]) == 2  # no teacher
+    assert main(["train", "distill", "--run-dir", str(tmp_path / "z"), "--gradient-checkpointing", "true",
+                 "--rollout-chunks", "9", *common[:2]]) == 2  # fmt: skip
+    assert main(["train", "distill", "--teacher", str(teacher_folder), "--run-dir", str(tmp_path / "y"),
+                 "--teacher-steps", "6"]) == 2  # fmt: skip
+
+
+def test_bidirectional_teacher_makes_whole_video_trajectories(wan_like_folder, tmp_path):
+    """``teacher_attention="full"`` (a Wan 2.1 T2V teacher) integrates the whole video at once: for
+    one chunk that is the causal teacher's trajectory; for two, the first chunk also sees the second."""
+    pools = {}
+    for attention in ("causal", "full"):
+        for chunks in (1, 2):
+            config = _config(tmp_path / f"{attention}{chunks}", wan_like_folder, teacher_attention=attention)
+            config.rollout_chunks = chunks
+            distiller = Distiller(config, _teacher(wan_like_folder))
+            pools[attention, chunks] = distiller.teacher_trajectories(
+                [PROMPT], torch.Generator().manual_seed(0)
+            )
+    for key in ("levels", "clean"):
+        assert (pools["full", 1][key] - pools["causal", 1][key]).abs().max() < 1e-5
+        assert pools["full", 2][key].shape == pools["causal", 2][key].shape
+    first = slice(0, 3)
+    assert (
+        pools["full", 2]["clean"][:, :, first] - pools["causal", 2]["clean"][:, :, first]
+    ).abs().max() > 1e-4
+    # and a self-forcing step scores the rollout with full attention
+    distiller = Distiller(
+        _config(tmp_path / "sf", wan_like_folder, stage="self-forcing", teacher_attention="full"),
+        _teacher(wan_like_folder),
+    )
+    assert distiller.pattern is None
+    out = distiller.self_forcing_step(0)
+    assert torch.isfinite(out["generator_loss"]) and torch.isfinite(out["critic_loss"])
+
+
+def test_bf16_autocast_steps(teacher_folder, tmp_path):
+    """``--dtype bfloat16`` (the GPU setting) on the CPU: fp32 weights, bf16 cache and pool."""
+    distiller = Distiller(
+        _config(tmp_path / "sf", teacher_folder, stage="self-forcing", dtype="bfloat16"),
+        _teacher(teacher_folder),
+    )
+    out = distiller.self_forcing_step(0)
+    out["loss"].backward()
+    assert torch.isfinite(out["generator_loss"]) and torch.isfinite(out["critic_loss"])
+    assert distiller.student.dtype == torch.float32 and distiller.student.proj_out.weight.grad is not None
+    assert distiller.rollout.cache(distiller.student, 2).k.dtype == torch.bfloat16
+    distiller = Distiller(
+        _config(tmp_path / "ode", teacher_folder, dtype="bfloat16"), _teacher(teacher_folder)
+    )
+    pool, prompts = distiller.ode_pool()
+    assert pool["levels"].dtype == torch.bfloat16
+    assert torch.isfinite(distiller.ode_step(0, pool, prompts)["loss"])

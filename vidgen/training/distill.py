@@ -1,0 +1,460 @@
+"""Few-step distillation of the causal transformer: ODE regression, then Self Forcing with DMD.
+
+Both stages train a *student* (initialised from the many-step *teacher*) to make each chunk in the
+pipeline's few steps (``student_steps``, the pipeline's ``FlowSchedule`` sigmas and sampler),
+chunk by chunk against the KV cache, as ``LongVideoPipeline`` runs it in ``chunkwise`` mode:
+text pair ``[prompt ‖ prompt]`` (or the prompt alone), rolling rope positions, sinks + window,
+the finished chunk written back to the cache at ``addnoise_condition``.
+
+``ode`` (CausVid's initialisation): the frozen teacher makes ODE trajectories chunk by chunk
+(``teacher_steps`` Euler steps of the same shifted schedule, optional CFG), recording the latents at
+the student's sigmas; a pool of them is made once and kept in the run folder. The student sees a
+trajectory point of every chunk, at a random student sigma, against a cache holding the teacher's
+finished chunks, and regresses the teacher's final chunk: ``|x - sigma * v - x0_teacher|^2`` for
+the ``x0_renoise`` sampler (as CausVid); for the deterministic ``euler`` sampler, the clean estimate
+whose Euler step lands on the trajectory's point at the next student sigma, so that the student's
+few steps follow the teacher's path (the last step's target is the teacher's chunk either way).
+
+``self-forcing`` (Self Forcing, DMD2 loss): the student makes a whole rollout itself, through its
+own cache, with no gradient except at one *exit* step per chunk (random, as Self Forcing picks it;
+the chunk's output is the clean estimate there and goes to the cache without gradient). Noised
+rollouts are scored by the frozen teacher with CFG (*real* score) and by a trainable *fake* score
+(initialised from the teacher, trained with the flow-matching loss on the student's detached
+rollouts); the generator's gradient is the normalised difference of their clean estimates.
+Every step trains the fake score; every ``generator_every``-th step also the generator. No data is
+needed: prompts come from Shapes World's captions or from a text file.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from vidgen.config import VidgenConfig
+from vidgen.models import CausalWanTransformer
+from vidgen.pipelines import loading
+from vidgen.pipelines.scheduler import FlowSchedule
+from vidgen.training.configs import DistillTrainConfig
+from vidgen.training.loop import TrainingRun
+from vidgen.training.rollout import (
+    Rollout,
+    conditioning,
+    dmd_loss,
+    flow_matching_loss,
+    reading_view,
+    sample_sigmas,
+    score_pattern,
+    text_embeddings,
+    velocity,
+)
+
+
+class DistillSetupError(ValueError):
+    """A teacher, prompt file or setting that cannot be distilled as asked; the message says what
+    to change (the CLI prints it as one line)."""
+
+
+# ----------------------------------------------------------------------------- teacher and prompts
+
+
+@dataclass
+class Teacher:
+    transformer: CausalWanTransformer
+    text_encoder: nn.Module
+    config: VidgenConfig
+    """The pipeline config the teacher runs with (the student runs with it too)."""
+    folder: Path
+    """Pipeline folder of the other components (text encoder, autoencoder)."""
+    latent_hw: tuple[int, int]
+
+
+def load_teacher(path: str | Path, base: str | Path = "") -> Teacher:
+    """A pipeline folder, or a transformer training run (its EMA weights) whose other components and
+    settings come from ``base`` (default: the embedded default model), as ``vidgen train export``
+    would assemble them."""
+    path = Path(path).expanduser()
+    run_state = path / "latest" / "state.json"
+    if (path / "model_index.json").is_file():
+        folder, config = loading.resolve_model(path, None)
+        transformer = loading.load_transformer(folder, config.replace(**{"runtime.dtype": "float32"}))
+    elif run_state.is_file():
+        folder, config = loading.resolve_model(str(base) if base else None, None)
+        train = json.loads(run_state.read_text())["config"]
+        config = config.replace(
+            **{
+                f"generation.{k}": train[k]
+                for k in ("chunk_frames", "sink_frames", "window_frames")
+                if k in train
+            }
+        )
+        transformer = CausalWanTransformer.from_config(CausalWanTransformer.load_config(path / "latest"))
+        transformer.load_state_dict(_float(load_file(str(path / "latest" / "ema.safetensors"))))
+    else:
+        raise FileNotFoundError(
+            f"{path}: the teacher must be a pipeline folder (model_index.json) or a training run (latest/)"
+        )
+    vae_config = json.loads((folder / "vae" / "config.json").read_text())
+    spatial = int(vae_config.get("scale_factor_spatial") or 8)
+    g = config.generation
+    return Teacher(
+        transformer=transformer.float().eval().requires_grad_(False),
+        text_encoder=loading.load_text_encoder(folder, config),
+        config=config,
+        folder=folder,
+        latent_hw=(g.height // spatial, g.width // spatial),
+    )
+
+
+def load_student(path: str | Path) -> CausalWanTransformer:
+    """Weights to start the student from: a distillation run or pipeline folder (``transformer/``),
+    a transformer training run (``latest/``, its EMA) or a transformer folder."""
+    path = Path(path).expanduser()
+    if (path / "transformer" / "config.json").is_file():
+        return CausalWanTransformer.from_pretrained(path / "transformer").float()
+    if (path / "latest" / "ema.safetensors").is_file():
+        model = CausalWanTransformer.from_config(CausalWanTransformer.load_config(path / "latest"))
+        model.load_state_dict(_float(load_file(str(path / "latest" / "ema.safetensors"))))
+        return model
+    return CausalWanTransformer.from_pretrained(path).float()
+
+
+def _float(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
+
+
+class PromptSource:
+    """Training prompts: lines of a text file, or Shapes World captions (paraphrased)."""
+
+    def __init__(self, path: str = "") -> None:
+        self.lines: list[str] = []
+        if path:
+            self.lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+            if not self.lines:
+                raise DistillSetupError(f"{path} holds no prompts (one per line)")
+
+    def sample(self, rng: np.random.Generator, count: int) -> list[str]:
+        if self.lines:
+            return [self.lines[int(i)] for i in rng.integers(0, len(self.lines), size=count)]
+        from vidgen.shapes import captions, world
+
+        return [captions.caption(world.sample_scene(rng), rng, paraphrase=True) for _ in range(count)]
+
+
+# ----------------------------------------------------------------------------- trainer
+
+
+class DistillModules(nn.Module):
+    """What a distillation run trains (and checkpoints): the generator, and the fake score in the
+    self-forcing stage."""
+
+    def __init__(self, generator: CausalWanTransformer, fake_score: CausalWanTransformer | None) -> None:
+        super().__init__()
+        self.generator = generator
+        self.fake_score = fake_score
+
+    def save_config(self, folder: str | Path) -> None:
+        self.generator.save_config(folder)
+
+
+class Distiller:
+    """One distillation run: the teacher, the student (and fake score), their rollouts and losses."""
+
+    def __init__(self, config: DistillTrainConfig, teacher: Teacher | None = None) -> None:
+        if not config.teacher and teacher is None:
+            raise DistillSetupError("--teacher is required: a pipeline folder or a transformer training run")
+        self.config = config
+        self.device = torch.device(config.device)
+        self.autocast = torch.bfloat16 if config.dtype == "bfloat16" else None
+        self.teacher = teacher or load_teacher(config.teacher, config.base)
+        self.shift = config.shift or self.teacher.config.generation.shift
+        # what the student runs, as the exported pipeline will run it
+        self.pipe_config = self.teacher.config.replace(
+            **{
+                "generation.num_inference_steps": config.student_steps,
+                "generation.sampler": config.sampler,
+                "generation.shift": self.shift,
+                "generation.guidance_scale": 1.0,
+            }
+        )
+        if self.teacher.config.generation.mode != "chunkwise":
+            raise DistillSetupError(
+                "distillation follows the pipeline's chunkwise mode; the teacher's config says otherwise"
+            )
+        self.latent_hw = self.teacher.latent_hw
+        self.real = self.teacher.transformer.to(self.device)
+        student = load_student(config.init_from) if config.init_from else copy.deepcopy(self.real)
+        student.requires_grad_(True).train()
+        fake = None
+        if config.stage == "self-forcing":
+            fake = copy.deepcopy(self.real).requires_grad_(True).train()
+        g = self.teacher.config.generation
+        if config.gradient_checkpointing:
+            if (config.rollout_chunks - 1) * g.chunk_frames > g.sink_frames + g.window_frames:
+                raise DistillSetupError(
+                    f"gradient_checkpointing recomputes chunks against the cache: rollout_chunks="
+                    f"{config.rollout_chunks} would overwrite cached frames (at most "
+                    f"{1 + (g.sink_frames + g.window_frames) // g.chunk_frames} chunks with this cache)"
+                )
+            for model in (student, fake):
+                if model is not None:
+                    model.enable_gradient_checkpointing()
+        self.modules = DistillModules(student, fake).to(self.device)
+        self.student_schedule = FlowSchedule(config.student_steps, self.shift, config.sampler)
+        self.rollout = Rollout(
+            self.pipe_config, self.latent_hw, self.student_schedule, autocast=self.autocast
+        )
+        self.prompts = PromptSource(config.prompts)
+        self.teacher.text_encoder.to(self.device)  # UMT5 on a GPU: prompts change every step
+        self.chunk_shape = (self.real.config.in_channels, g.chunk_frames, *self.latent_hw)
+        self.pattern = score_pattern(self.real, self.teacher.config, self.latent_hw, config.teacher_attention)
+
+    @property
+    def student(self) -> CausalWanTransformer:
+        return self.modules.generator
+
+    def embed(self, prompts: list[str]) -> torch.Tensor:
+        with torch.no_grad():
+            return text_embeddings(self.teacher.text_encoder, prompts, self.teacher.config, self.device)
+
+    def noises(self, batch: int, generator: torch.Generator) -> list[torch.Tensor]:
+        return [
+            torch.randn((batch, *self.chunk_shape), generator=generator).to(self.device)
+            for _ in range(self.config.rollout_chunks)
+        ]
+
+    # ---------------------------------------------------------------- ode stage
+    def trajectory_indices(self) -> list[int]:
+        """Teacher steps whose input is at the student's sigmas (the teacher's grid contains them)."""
+        every = self.config.teacher_steps // self.config.student_steps
+        return [k * every for k in range(self.config.student_steps)]
+
+    @torch.no_grad()
+    def teacher_trajectories(self, prompts: list[str], generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """The teacher's many-step generation of ``prompts``: its latents at the student's sigmas
+        (B, K, C, F, h, w) and its clean video (B, C, F, h, w). A causal teacher makes it chunk by
+        chunk through its cache; a bidirectional one (``teacher_attention="full"``, as CausVid's
+        Wan teacher) the whole video at once."""
+        c = self.config
+        schedule = FlowSchedule(c.teacher_steps, self.shift, "euler")
+        text = self.embed(prompts)
+        uncond = self.embed([self.teacher.config.generation.negative_prompt] * len(prompts))
+        noises = self.noises(len(prompts), generator)
+        record = self.trajectory_indices()
+        if c.teacher_attention == "full":
+            x, levels = torch.cat(noises, dim=2), []
+            for index, sigma in enumerate(schedule.sigmas[:-1]):
+                if index in record:
+                    levels.append(x)
+                level = torch.full((x.shape[0], x.shape[2]), sigma, device=x.device)
+                v = velocity(
+                    self.real,
+                    x,
+                    level,
+                    text,
+                    None,
+                    uncond=uncond,
+                    guidance_scale=c.teacher_guidance,
+                    autocast=self.autocast,
+                )
+                x = schedule.step(x, v, index)
+            return {"levels": self._stored(torch.stack(levels, dim=1)), "clean": self._stored(x)}
+        rollout = Rollout(self.teacher.config, self.latent_hw, schedule, autocast=self.autocast)
+        cond = conditioning(self.real, text, uncond, c.teacher_guidance)
+        video, recorded = rollout.run(self.real, cond, noises, record=record)
+        levels = torch.cat([torch.stack(chunk, dim=1) for chunk in recorded], dim=3)  # (B, K, C, F, h, w)
+        return {"levels": self._stored(levels), "clean": self._stored(video)}
+
+    def _stored(self, latents: torch.Tensor) -> torch.Tensor:
+        """Pool tensors live on the CPU, in bf16 when training in bf16 (a Wan-size pool is large)."""
+        return latents.to("cpu", torch.bfloat16 if self.autocast is not None else torch.float32)
+
+    def ode_pool(self) -> tuple[dict[str, torch.Tensor], list[str]]:
+        """The run's trajectory pool, made once (``ode_pairs`` trajectories) and kept in the run folder."""
+        c = self.config
+        path = Path(c.run_dir) / "ode_pairs.safetensors"
+        if path.is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as f:
+                prompts = json.loads(f.metadata()["prompts"])
+            return load_file(str(path)), prompts
+        rng = np.random.default_rng([c.seed, 7])
+        generator = torch.Generator().manual_seed(c.seed * 1_000_003 + 7)
+        parts, prompts = [], []
+        for start in range(0, c.ode_pairs, c.batch_size):
+            batch = self.prompts.sample(rng, min(c.batch_size, c.ode_pairs - start))
+            parts.append(self.teacher_trajectories(batch, generator))
+            prompts += batch
+        pool = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(pool, str(path), metadata={"prompts": json.dumps(prompts)})
+        return pool, prompts
+
+    def regression_loss(
+        self,
+        prompts: list[str],
+        levels: torch.Tensor,
+        clean: torch.Tensor,
+        steps: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """ODE regression: each chunk at the student sigma ``steps[i]`` of its trajectory, against a
+        cache of the teacher's finished chunks, regresses the teacher's chunk (``x0_renoise``, as
+        CausVid) or, for the deterministic ``euler`` sampler, the clean estimate whose step reaches
+        the trajectory's point at the next student sigma."""
+        sigmas = self.student_schedule.sigmas
+        model = self.student
+        denoiser = self.rollout.denoiser(model)
+        cond = conditioning(model, self.embed(prompts))
+        batch = len(prompts)
+        cache = self.rollout.cache(model, batch)
+        f = self.rollout.chunk_frames
+        losses = []
+        for i, k in enumerate(steps.tolist()):
+            frames = slice(i * f, (i + 1) * f)
+            x = levels[:, k, :, frames].to(self.device, torch.float32)
+            finished = clean[:, :, frames].to(self.device, torch.float32)
+            target = finished
+            if self.config.sampler == "euler" and k + 1 < len(levels[0]):
+                # a deterministic sampler follows the trajectory: the estimate whose Euler step
+                # lands on the teacher's next point (the last step's is the teacher's chunk)
+                following = levels[:, k + 1, :, frames].to(self.device, torch.float32)
+                target = x - sigmas[k] * (following - x) / (sigmas[k + 1] - sigmas[k])
+            level = torch.full((batch, f), sigmas[k], device=self.device)
+            estimate = x - sigmas[k] * denoiser.predict(x, level, cond, reading_view(cache), i * f)
+            losses.append((estimate - target).square().mean())
+            if i + 1 < len(steps):
+                denoiser.write_context(finished, cond, cache, i * f, generator)
+        return torch.stack(losses).mean()
+
+    def ode_step(
+        self, step: int, pool: dict[str, torch.Tensor], prompts: list[str]
+    ) -> dict[str, torch.Tensor]:
+        c = self.config
+        rng = np.random.default_rng([c.seed, step])
+        pick = rng.choice(len(prompts), size=min(c.batch_size, len(prompts)), replace=False)
+        chosen = torch.from_numpy(pick)
+        steps = torch.from_numpy(rng.integers(0, c.student_steps, size=c.rollout_chunks))
+        context_noise = torch.Generator(self.device).manual_seed(c.seed * 7_919 + step)
+        loss = self.regression_loss(
+            [prompts[int(i)] for i in pick],
+            pool["levels"][chosen],
+            pool["clean"][chosen],
+            steps,
+            context_noise,
+        )
+        return {"loss": loss}
+
+    # ---------------------------------------------------------------- self-forcing stage
+    def exit_steps(self, rng: np.random.Generator) -> list[int]:
+        c = self.config
+        if c.exit_step == "last":
+            return [c.student_steps - 1] * c.rollout_chunks
+        if c.exit_step == "per_rollout":
+            return [int(rng.integers(0, c.student_steps))] * c.rollout_chunks
+        return [int(i) for i in rng.integers(0, c.student_steps, size=c.rollout_chunks)]
+
+    def self_forcing_step(self, step: int) -> dict[str, torch.Tensor]:
+        c = self.config
+        rng = np.random.default_rng([c.seed, step])
+        generator = torch.Generator().manual_seed(c.seed * 1_000_003 + step)
+        prompts = self.prompts.sample(rng, c.batch_size)
+        text = self.embed(prompts)
+        uncond = self.embed([self.teacher.config.generation.negative_prompt] * c.batch_size)
+        noises = self.noises(c.batch_size, generator)
+        exits = self.exit_steps(rng)
+        train_generator = step % c.generator_every == 0
+        step_generator = torch.Generator(self.device).manual_seed(c.seed * 7_919 + step)
+        with torch.set_grad_enabled(train_generator):
+            cond = conditioning(self.student, text)
+        video, _ = self.rollout.run(
+            self.student,
+            cond,
+            noises,
+            exits,
+            grad=train_generator,
+            step_generators=[step_generator] * len(noises),
+            write_generators=[step_generator] * len(noises),  # context noise, if any
+        )
+        batch = video.shape[0]
+        chunk_frames = self.rollout.chunk_frames
+        out: dict[str, torch.Tensor] = {}
+        loss = torch.zeros((), device=self.device)
+        if train_generator:
+            sigma = sample_sigmas(batch, c.rollout_chunks, chunk_frames, c, self.shift, generator)
+            noise = torch.randn(video.shape, generator=generator).to(self.device)
+            out["generator_loss"] = dmd_loss(
+                video,
+                self.real,
+                self.modules.fake_score,
+                text,
+                uncond,
+                sigma.to(self.device),
+                noise,
+                self.pattern,
+                c.teacher_guidance,
+                self.autocast,
+            )
+            loss = loss + out["generator_loss"]
+        sigma = sample_sigmas(batch, c.rollout_chunks, chunk_frames, c, self.shift, generator)
+        noise = torch.randn(video.shape, generator=generator).to(self.device)
+        out["critic_loss"] = flow_matching_loss(
+            self.modules.fake_score, video, text, sigma.to(self.device), noise, self.pattern, self.autocast
+        )
+        out["loss"] = loss + out["critic_loss"]
+        return out
+
+    # ---------------------------------------------------------------- export
+    def export(self, weights: DistillModules) -> Path:
+        """``run_dir/transformer`` (the student's EMA weights); for MiniLM models also
+        ``run_dir/pipeline``, a complete pipeline folder set to the student's steps and sampler."""
+        run_dir = Path(self.config.run_dir)
+        student = weights.generator
+        student.save_pretrained(run_dir / "transformer", safe_serialization=True)
+        if self.pipe_config.model.text_encoder != "umt5":
+            vae = loading.load_vae(self.teacher.folder, self.pipe_config)
+            loading.save_components(
+                run_dir / "pipeline",
+                copy.deepcopy(student).cpu(),
+                vae,
+                self.teacher.text_encoder,
+                self.pipe_config.replace(**{"runtime.device": "cpu"}),
+            )
+        return run_dir / "transformer"
+
+
+def train_distill(config: DistillTrainConfig, teacher: Teacher | None = None) -> Path:
+    """Run (or continue) a distillation stage; returns the exported student transformer folder."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    distiller = Distiller(config, teacher)
+    modules = distiller.modules
+    groups = [{"params": list(modules.generator.parameters()), "lr_scale": 1.0}]
+    if modules.fake_score is not None:
+        groups.append(
+            {"params": list(modules.fake_score.parameters()), "lr_scale": config.fake_score_lr / config.lr}
+        )
+    optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.999))
+    run = TrainingRun(config, modules, optimizer, lr_floor=1.0)
+    if config.stage == "ode":
+        pool, prompts = distiller.ode_pool()
+    metrics: dict[str, float] = {}
+    while not run.done:
+        if config.stage == "ode":
+            out = distiller.ode_step(run.step, pool, prompts)
+        else:
+            out = distiller.self_forcing_step(run.step)
+        # the latest of each (a generator loss comes every generator_every steps)
+        metrics.update({k: float(v.detach()) for k, v in out.items() if k != "loss"})
+        if not run.update(out["loss"], **metrics):
+            break
+    latest = run.finish()
+    return distiller.export(run.ema.model) if run.done else latest
