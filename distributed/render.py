@@ -153,6 +153,8 @@ def spec_from_args(args: argparse.Namespace) -> PipelineSpec:
         overrides["generation.fps"] = args.fps
     if getattr(args, "transformer", None):
         overrides["model.transformer"] = args.transformer
+    if getattr(args, "quantize", None):
+        overrides["runtime.quantize"] = args.quantize
     return PipelineSpec(model=args.model, config=args.config, overrides=overrides)
 
 

@@ -160,6 +160,8 @@ class LongVideoPipeline:
         text_encoder = loading.load_text_encoder(folder, config)
         pipe = cls(transformer, vae, text_encoder, config)
         device = pipe.device_from_config()
+        if config.runtime.quantize != "none":
+            pipe.quantize(config.runtime.quantize, config.runtime.quantize_text_encoder, device)
         if config.runtime.cpu_offload and device.type != "cpu":
             pipe.enable_model_cpu_offload(device)
         else:
@@ -167,6 +169,19 @@ class LongVideoPipeline:
         if config.runtime.compile:
             pipe.compile()
         return pipe
+
+    def quantize(
+        self, kind: str = "int8", text_encoder: bool = False, device: torch.device | str | None = None
+    ) -> None:
+        """Quantize the transformer blocks' linear layers (and the text encoder's) in place with
+        torchao: ``int8`` weight-only or ``fp8`` (see ``vidgen.models.quantization``)."""
+        from vidgen.models.quantization import quantize_linears
+
+        quantize_linears(self.transformer, kind, device=device)
+        if text_encoder:
+            quantize_linears(self.text_encoder, kind, device=device, under="")
+            self.text_encoder.to(self.text_encoder.device)  # moving drops its cached prompt embeddings
+        self._text_contexts.clear()
 
     def compile(self) -> None:
         """torch.compile every transformer block (dynamic shapes: the cache fills up over the first

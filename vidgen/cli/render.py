@@ -39,6 +39,16 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--model", help="a local pipeline folder or preset name (default: the embedded model)")
     p.add_argument("--transformer", help="a causal transformer checkpoint replacing the model's")
     p.add_argument(
+        "--quantize", choices=["int8", "fp8"], help="quantize the transformer's linear layers (torchao)"
+    )
+    start = p.add_mutually_exclusive_group()
+    start.add_argument(
+        "--image", metavar="START.png", help="image-to-video: the video starts from this frame"
+    )
+    start.add_argument(
+        "--continue", dest="continue_from", metavar="VIDEO.mp4", help="continue this clip for --seconds more"
+    )
+    p.add_argument(
         "--set", action="append", default=[], metavar="TABLE.KEY=VALUE", help="override a config value"
     )
     p.add_argument("--out", help="output MP4 path (default: named after the prompt, in this folder)")
@@ -119,6 +129,7 @@ def _request(args: argparse.Namespace) -> dict:
         "config": args.config,
         "set": args.set,
         "fps": args.fps,
+        **{k: getattr(args, k) for k in ("quantize", "image", "continue_from") if getattr(args, k, None)},
     }
 
 
@@ -131,6 +142,8 @@ def load_pipeline(args: argparse.Namespace):
         overrides["generation.fps"] = args.fps
     if getattr(args, "transformer", None):
         overrides["model.transformer"] = args.transformer
+    if getattr(args, "quantize", None):
+        overrides["runtime.quantize"] = args.quantize
     try:
         return LongVideoPipeline.from_pretrained(args.model, config=args.config, **overrides)
     except (ConfigError, ModelLoadError) as err:
