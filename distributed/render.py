@@ -158,6 +158,14 @@ def spec_from_args(args: argparse.Namespace) -> PipelineSpec:
     return PipelineSpec(model=args.model, config=args.config, overrides=overrides)
 
 
+def start_of(image: str | None, video: str | None) -> dict[str, Any]:
+    """VideoJob fields for ``--image`` / ``--continue`` (absolute paths: workers may run elsewhere)."""
+    if not (image or video):
+        return {}
+    absolute = {k: str(Path(v).resolve()) for k, v in (("image", image), ("video", video)) if v}
+    return {**absolute, "include_input": True}
+
+
 def check_layout(sp: int, replicas: int) -> RayParallelism:
     """Degrees checked before Ray starts: positive, and sp > 1 only with the SP module present."""
     layout = RayParallelism(sp=sp, replicas=replicas)
@@ -195,6 +203,7 @@ def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: P
         num_inference_steps=args.steps,
         guidance_scale=args.guidance,
         seed=seed,
+        **start_of(getattr(args, "image", None), getattr(args, "continue_from", None)),
     )
     started = connect(getattr(args, "address", None))
     placement = replica = None

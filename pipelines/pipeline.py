@@ -381,7 +381,8 @@ class LongVideoPipeline:
         negative_prompt: str | None = None,
         generator: torch.Generator | int | None = None,
         video: np.ndarray | torch.Tensor | str | os.PathLike | None = None,
-        image: np.ndarray | None = None,
+        image: np.ndarray | str | os.PathLike | None = None,
+        include_input: bool = False,
         control: StreamControl | None = None,
         state_path: str | os.PathLike | None = None,
         resume: bool = False,
@@ -393,7 +394,12 @@ class LongVideoPipeline:
         """Yield :class:`VideoChunk` s as they are decoded.
 
         ``num_frames`` / ``seconds`` None: no end (stop with ``control.stop()``). ``video`` / ``image``:
-        a clip or frame whose continuation is generated (it is encoded and prefilled into the cache).
+        a clip or frame (arrays, or a video / image file) whose continuation is generated: it is
+        resized to the video's size as diffusers' ``VideoProcessor`` does (a stretch, Lanczos) if
+        it differs, encoded and prefilled into the cache; ``num_frames``, ``seconds`` and storyboard
+        times count the generated frames. ``include_input=True``: the first chunk opens with the
+        given frames (the newest ``1 + 4k`` after the autoencoder round trip, any older ones as
+        given) and every ``frame_start`` counts them, so the chunks make the whole video.
         ``state_path``: after every chunk the generation state is saved there; with ``resume=True`` a
         saved state is loaded first and generation continues after its last complete chunk.
         ``overrides``: ``"table.key": value`` config changes for this video only (window, sinks,
@@ -417,7 +423,12 @@ class LongVideoPipeline:
         # advance this generator from different threads (Gradio does)
         backend = config.runtime.attention_backend or None
         # 2. continuation: encode and prefill a clip or an image
-        prefix = self._prefix_latents(video, image, height, width)
+        clip = self._input_clip(video, image, height, width)
+        prefix = clip.latents if clip is not None else None
+        if include_input and clip is not None and not decode:
+            raise InputError("include_input needs the frames decoded here (decode=True)")
+        offset = len(clip.frames) if include_input and clip is not None else 0
+        opening = None
         planner = self._planner(
             config, changes, steps, prefix_latents=prefix.shape[2] if prefix is not None else 0
         )
@@ -426,7 +437,9 @@ class LongVideoPipeline:
             resumed_from = run.load(state_path)
         elif prefix is not None:
             with attention_backend(backend):
-                run.prefill(prefix, planner, negative)
+                decoded = run.prefill(prefix, planner, negative)
+            if offset:
+                opening = np.concatenate([clip.frames[: len(clip.frames) - clip.kept], decoded])
 
         # 3. the plan, then chunk by chunk
         started = time.perf_counter()
@@ -445,9 +458,12 @@ class LongVideoPipeline:
             elapsed = time.perf_counter() - started
             out.metrics.video_seconds = len(frames) / g.fps
             out.metrics.real_time_factor = made_seconds / max(elapsed, 1e-9)
+            frame_start = chunk.frame_start + offset
+            if opening is not None and chunk.index == 0:
+                frames, frame_start = np.concatenate([opening, frames]), 0
             yield VideoChunk(
                 index=chunk.index,
-                frame_start=chunk.frame_start,
+                frame_start=frame_start,
                 start_time=chunk.start_time,
                 frames=frames,
                 prompt=chunk.prompt,
@@ -495,34 +511,60 @@ class LongVideoPipeline:
         return LongVideoPipelineOutput(frames=frames, chunks=metrics)
 
     # ------------------------------------------------------------------ helpers
-    def _prefix_latents(self, video, image, height: int, width: int) -> torch.Tensor | None:
+    def _input_clip(self, video, image, height: int, width: int) -> _InputClip | None:
         if video is None and image is None:
             return None
         if video is not None and image is not None:
             raise InputError("pass video= or image=, not both")
-        if image is not None:
-            frames = np.asarray(image)[None]
-        elif isinstance(video, (str, os.PathLike)):
-            from vidgen.video import read_video
+        from vidgen.video import read_image, read_video
 
-            frames, _ = read_video(video)
-        else:
-            frames = np.asarray(video) if not torch.is_tensor(video) else video.cpu().numpy()
-        if frames.ndim != 4 or frames.shape[-1] != 3:
+        try:  # a file that cannot be read is the user's to fix
+            if image is not None:
+                frames = (read_image(image) if isinstance(image, (str, os.PathLike)) else np.asarray(image))[
+                    None
+                ]
+            elif isinstance(video, (str, os.PathLike)):
+                frames, _ = read_video(video)
+            else:
+                frames = np.asarray(video) if not torch.is_tensor(video) else video.cpu().numpy()
+        except (FileNotFoundError, ValueError) as err:
+            raise InputError(str(err)) from None
+        if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
             raise InputError(f"video= must be frames (T, H, W, 3), got shape {tuple(frames.shape)}")
-        if frames.shape[1:3] != (height, width):
-            raise InputError(
-                f"the clip is {frames.shape[2]}x{frames.shape[1]}, the video is {width}x{height}"
-            )
-        t = self.temporal_factor
-        usable = 1 + ((len(frames) - 1) // t) * t  # whole latent frames; the newest frames are kept
-        frames = frames[len(frames) - usable :]
         if frames.dtype == np.uint8:
             tensor = torch.from_numpy(frames).float() / 127.5 - 1.0
         else:
             tensor = torch.as_tensor(frames).float() * 2.0 - 1.0
-        tensor = tensor.permute(3, 0, 1, 2)[None].to(self.device)  # (1, 3, T, H, W)
-        return encode_video(self.vae, tensor)
+        tensor = tensor.permute(3, 0, 1, 2)[None]  # (1, 3, T, H, W) in [-1, 1]
+        if frames.shape[1:3] != (height, width):
+            tensor = resize_video(tensor, height, width)
+        uint8 = ((tensor[0].permute(1, 2, 3, 0) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).numpy()
+        t = self.temporal_factor
+        kept = 1 + ((tensor.shape[2] - 1) // t) * t  # whole latent frames; the newest frames are kept
+        latents = encode_video(self.vae, tensor[:, :, tensor.shape[2] - kept :].to(self.device))
+        return _InputClip(latents=latents, frames=uint8, kept=kept)
+
+
+@dataclass
+class _InputClip:
+    latents: torch.Tensor
+    """(1, C, F, h, w) normalised latents of the newest ``kept`` frames."""
+    frames: np.ndarray
+    """(T, H, W, 3) uint8: every given frame, at the video's size."""
+    kept: int
+
+
+def resize_video(video: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """(B, 3, T, H, W) in [-1, 1] to ``height`` x ``width`` as diffusers' ``VideoProcessor`` resizes
+    PIL frames (``resize_mode="default"``: a Lanczos stretch to the size, no crop, no padding)."""
+    from diffusers.video_processor import VideoProcessor
+    from PIL import Image
+
+    frames = ((video[0].permute(1, 2, 3, 0) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).numpy()
+    processor = VideoProcessor(vae_scale_factor=1)
+    return processor.preprocess_video(
+        [Image.fromarray(f) for f in frames], height=height, width=width
+    ).float()
 
 
 def cpu_has_native_bf16() -> bool:
@@ -647,15 +689,18 @@ class _Run:
             self.write(latents, group[0], conditioning, purpose)
 
     @torch.no_grad()
-    def prefill(self, prefix: torch.Tensor, planner: ChunkPlanner, negative: str) -> None:
+    def prefill(self, prefix: torch.Tensor, planner: ChunkPlanner, negative: str) -> np.ndarray | None:
+        """Write the clip's latents into the cache; returns its frames after the autoencoder round
+        trip (None without a decoder here)."""
         first = next(iter(planner.chunks(None)))
         conditioning = self.pipe._conditioning(first, self.guidance, negative)
         chunk = self.config.generation.chunk_frames
         for start in range(0, prefix.shape[2], chunk):
             self.write(prefix[:, :, start : start + chunk], start, conditioning, purpose=3)
         # warm the streaming decoder so the continuation decodes seamlessly
-        if self.decoder is not None:
-            self.decoder.decode(prefix, 0)
+        if self.decoder is None:
+            return None
+        return decode_to_frames(self.decoder, prefix, 0)
 
     # -------------------------------------------------------------- one chunk
     @torch.no_grad()

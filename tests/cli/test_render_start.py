@@ -1,0 +1,51 @@
+"""``vidgen render --image`` / ``--continue``: the MP4 holds the given frames, then the continuation;
+other sizes are resized (and said so); unreadable files are exit 2 with one line."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.cli.test_render_cli import _render, model  # noqa: F401 - the tiny model fixture
+from vidgen.shapes import captions, world
+from vidgen.video import probe_video, read_video, write_mp4
+
+SCENE = world.Scene("black", "red", "square", "medium", "slow", "left")
+
+
+def test_continue_holds_the_clip_then_the_continuation(tmp_path):
+    clip = world.render_clip(SCENE, 17, size=64, start=(0.7, 0.5)).frames
+    given = tmp_path / "clip.mp4"
+    write_mp4(given, clip, fps=16)
+    out = tmp_path / "more.mp4"
+    # the default model: its trained autoencoder gives the clip back closely
+    _render("--continue", given, "--seconds", 1, "--seed", 1, "--out", out, captions.caption(SCENE))
+    frames, _ = read_video(out)
+    assert len(frames) == 17 + 16
+    opening = np.abs(frames[:17].astype(int) - read_video(given)[0].astype(int)).mean()
+    assert opening < 4, opening  # autoencoder round trip + H.264, on 0-255 values
+    # the continuation follows on: the object is still there, in red, on black
+    assert frames[17:].max(axis=(1, 2))[:, 0].min() > 150 and np.median(frames[17:]) < 16
+
+
+def test_image_of_another_size_is_resized(model, tmp_path):  # noqa: F811
+    image = tmp_path / "start.png"
+    Image.fromarray(np.full((30, 50, 3), 200, np.uint8)).save(image)
+    out = tmp_path / "from-image.mp4"
+    result = _render("--model", model, "--image", image, "--seconds", 1, "--seed", 1, "--out", out, "x")
+    info = probe_video(out)
+    assert (info["frames"], info["width"], info["height"]) == (1 + 16, 64, 64)
+    assert "resizing the start frames from 50x30 to 64x64" in result.stderr
+
+
+@pytest.mark.parametrize("flag, name, message", [
+    ("--image", "notes.txt", "--image: not an image file:"),
+    ("--continue", "notes.txt", "--continue: not a video file:"),
+    ("--continue", "missing.mp4", "--continue: no such video file:"),
+])  # fmt: skip
+def test_unreadable_start_is_exit_2_with_one_line(model, tmp_path, flag, name, message):  # noqa: F811
+    (tmp_path / "notes.txt").write_text("hello")
+    out = tmp_path / "x.mp4"
+    result = _render("--model", model, flag, tmp_path / name, "--out", out, "a prompt", check=False)
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.mp4.parts").exists()
