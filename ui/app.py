@@ -157,6 +157,13 @@ def build_app(
                         label="Storyboard",
                         elem_id="storyboard",
                     )
+                with gr.Accordion("Start from an image or a video (optional)", open=False):
+                    start_file = gr.File(
+                        label="Image to animate, or video to continue",
+                        file_types=["image", "video"],
+                        type="filepath",
+                        elem_id="start-file",
+                    )
                 with gr.Row():
                     seconds = gr.Number(
                         label="Length (seconds)", value=10, minimum=0.5, maximum=g.max_seconds
@@ -246,7 +253,7 @@ def build_app(
         form = [
             prompt, storyboard, seconds, until_stopped, seed, height, width, steps,
             window_frames, sink_frames, anchor_stats, recache_every, context_noise, backend_choice,
-            session,
+            start_file, session,
         ]  # fmt: skip
         outputs = [video, fps, rtf, chunks, drift, download, status, session]
 
