@@ -149,6 +149,27 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def save_plot(result: dict, path: Path) -> None:
+    """Weight memory and output error per variant, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["wan_geometry"]["variants"]
+    names = list(rows)
+    fig, (memory, error) = plt.subplots(1, 2, figsize=(9, 3.5))
+    memory.bar(names, [rows[n]["weights_30_blocks_GiB"] for n in names], color="tab:blue")
+    memory.set_ylabel("GiB (Wan 1.3B, 30 blocks)")
+    memory.set_title("weight memory")
+    error.bar(names, [rows[n]["relative_error"] for n in names], color="tab:orange")
+    error.set_ylabel("||y - y_fp32|| / ||y_fp32||")
+    error.set_title("output error vs float32")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     out_dir = Path(args.out_dir)
@@ -166,7 +187,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"vidgen bench quantize: error: {err}")
         return 2
     print(format_table(result))
-    path = out_dir / "quantize.json"
+    path, png = out_dir / "quantize.json", out_dir / "quantize.png"
     path.write_text(json.dumps(result, indent=2))
-    print(f"table: {path}")
+    save_plot(result, png)
+    print(f"table: {path}\nplot:  {png}")
     return 0

@@ -98,13 +98,29 @@ def test_pipeline_from_config_quantizes_transformer_and_text_encoder(tmp_path):
     assert a.shape == b.shape and 0 < abs(a - b).mean() < 0.05
 
 
-def test_bench_on_wan_geometry_measures_memory_and_error():
-    from vidgen.pipelines.benchmark_quantize import wan_geometry
+def test_bench_on_wan_geometry_measures_memory_and_error(tmp_path):
+    import json
 
-    result = wan_geometry(layers=1, frames=1, latent_side=4, seed=0, device=torch.device("cpu"))
-    rows = result["variants"]
+    from vidgen.cli import main
+
+    argv = [
+        "bench",
+        "quantize",
+        "--layers",
+        "1",
+        "--frames",
+        "1",
+        "--latent-side",
+        "4",
+        "--eval-prompts",
+        "0",
+    ]
+    assert main([*argv, "--out-dir", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "quantize.json").read_text())["wan_geometry"]["variants"]
+    assert (tmp_path / "quantize.png").stat().st_size > 0
     assert rows["float32"]["relative_error"] == 0
     # one Wan-1.3B block holds 4*1536^2*2 + 2*1536*8960 weights: ~169 MiB in float32
     assert 165 < rows["float32"]["block_MiB"] < 185
     assert rows["int8"]["block_MiB"] < 0.26 * rows["float32"]["block_MiB"]
     assert 0 < rows["bfloat16"]["relative_error"] < rows["int8"]["relative_error"] < 0.05
+    assert rows["fp8"]["method"] == "fp8 weight-only (emulated)"
