@@ -166,6 +166,10 @@ def start_of(image: str | None, video: str | None) -> dict[str, Any]:
     return {**absolute, "include_input": True}
 
 
+def _start_paths(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    return getattr(args, "image", None), getattr(args, "continue_from", None)
+
+
 def check_layout(sp: int, replicas: int) -> RayParallelism:
     """Degrees checked before Ray starts: positive, and sp > 1 only with the SP module present."""
     layout = RayParallelism(sp=sp, replicas=replicas)
@@ -191,6 +195,10 @@ def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: P
     try:
         if replicas != 1:
             raise DegreeError("--replicas applies to batches (--jobs FILE.jsonl); one video uses one replica")
+        if getattr(args, "decode_worker", False) and start_of(*_start_paths(args)):
+            raise DegreeError(
+                "--image / --continue need the frames decoded by the ranks: drop --decode-worker"
+            )
         layout = check_layout(args.sp, 1)
     except user_errors() as err:
         raise UsageError(str(err)) from None
@@ -203,7 +211,7 @@ def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: P
         num_inference_steps=args.steps,
         guidance_scale=args.guidance,
         seed=seed,
-        **start_of(getattr(args, "image", None), getattr(args, "continue_from", None)),
+        **start_of(*_start_paths(args)),
     )
     started = connect(getattr(args, "address", None))
     placement = replica = None

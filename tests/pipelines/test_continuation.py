@@ -100,3 +100,18 @@ def test_default_model_continues_colour_background_and_motion(default_pipe):
         step = np.nanmean(np.diff(centroids, axis=0), axis=0)
         along.append(float(step @ np.array(world.DIRECTIONS[direction])))
     assert sum(a > 0 for a in along) >= 3, along
+
+
+def test_a_resumed_continuation_equals_an_uninterrupted_one(pipe, tmp_path):
+    clip = (np.random.default_rng(4).random((9, 64, 64, 3)) * 255).astype(np.uint8)
+    kwargs = dict(num_frames=24, generator=2, video=clip, include_input=True)
+    full = list(pipe.stream(PROMPT, **kwargs))
+    state = tmp_path / "state.safetensors"
+    stream = pipe.stream(PROMPT, state_path=state, **kwargs)
+    first = [next(stream) for _ in range(2)]
+    stream.close()  # killed holding chunk 1: the state after chunk 0 is saved
+    rest = list(pipe.stream(PROMPT, state_path=state, resume=True, **kwargs))
+    assert [c.index for c in rest] == [1, 2]
+    assert [c.frame_start for c in first[:1] + rest] == [c.frame_start for c in full]
+    made = np.concatenate([c.frames for c in first[:1] + rest])
+    assert np.array_equal(made, np.concatenate([c.frames for c in full]))
