@@ -68,3 +68,13 @@ def test_quantize_flag_reaches_the_pipeline_and_the_ray_workers(model, tmp_path)
     assert spec_from_args(args).overrides == {"runtime.quantize": "fp8"}
     result = _render("--model", model, "--quantize", "int4", "x", check=False)
     assert result.returncode == 2 and "invalid choice: 'int4'" in result.stderr
+
+
+def test_continue_with_a_decode_worker_is_refused_before_ray_starts(model, tmp_path):  # noqa: F811
+    clip = tmp_path / "clip.mp4"
+    write_mp4(clip, np.zeros((5, 64, 64, 3), np.uint8), fps=16)
+    out = tmp_path / "x.mp4"
+    argv = ["--model", model, "--continue", clip, "--parallel", "ray", "--decode-worker", "--out", out, "x"]
+    result = _render(*argv, check=False)
+    assert result.returncode == 2 and "drop --decode-worker" in result.stderr
+    assert not (tmp_path / "x.mp4.parts").exists()
