@@ -519,10 +519,10 @@ class LongVideoPipeline:
         from vidgen.video import read_image, read_video
 
         try:  # a file that cannot be read is the user's to fix
-            if image is not None:
-                frames = (read_image(image) if isinstance(image, (str, os.PathLike)) else np.asarray(image))[
-                    None
-                ]
+            if isinstance(image, (str, os.PathLike)):
+                frames = read_image(image)[None]
+            elif image is not None:
+                frames = np.asarray(image)[None]
             elif isinstance(video, (str, os.PathLike)):
                 frames, _ = read_video(video)
             else:
@@ -531,10 +531,8 @@ class LongVideoPipeline:
             raise InputError(str(err)) from None
         if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
             raise InputError(f"video= must be frames (T, H, W, 3), got shape {tuple(frames.shape)}")
-        if frames.dtype == np.uint8:
-            tensor = torch.from_numpy(frames).float() / 127.5 - 1.0
-        else:
-            tensor = torch.as_tensor(frames).float() * 2.0 - 1.0
+        tensor = torch.tensor(frames, dtype=torch.float32)  # a copy: the caller's array may be read-only
+        tensor = tensor / 127.5 - 1.0 if frames.dtype == np.uint8 else tensor * 2.0 - 1.0
         tensor = tensor.permute(3, 0, 1, 2)[None]  # (1, 3, T, H, W) in [-1, 1]
         if frames.shape[1:3] != (height, width):
             tensor = resize_video(tensor, height, width)

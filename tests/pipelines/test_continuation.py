@@ -22,7 +22,7 @@ def pipe():
 
 def _round_trip(pipe, frames: np.ndarray) -> np.ndarray:
     """The autoencoder's reconstruction of ``frames`` (1 + 4k of them), computed here directly."""
-    video = torch.from_numpy(frames).float().permute(3, 0, 1, 2)[None] / 127.5 - 1
+    video = torch.tensor(frames, dtype=torch.float32).permute(3, 0, 1, 2)[None] / 127.5 - 1
     with torch.no_grad():
         decoded = pipe.vae.decode(pipe.vae.encode(video).latent_dist.mode()).sample
     return ((decoded[0].permute(1, 2, 3, 0) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).numpy()
