@@ -26,6 +26,7 @@ no video, then one per segment, and the last the MP4. ``video`` is the stream's 
         prompt="a red circle moving left on a black background",
         seconds=4,  # or until_stopped=True, and stop it (below)
         seed=1,
+        # start_file=gradio_client.handle_file("start.png"),  # an image or a clip to continue
         api_name="/generate",
     )
     for video, fps, rtf, chunks, drift, mp4, status in job:
