@@ -133,6 +133,7 @@ class LongVideoPipeline:
         self.config = config or VidgenConfig()
         self._text_contexts: dict[tuple, TextContext] = {}
         self._offload_hooks: list = []
+        self._quantized: str | None = None
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -178,6 +179,7 @@ class LongVideoPipeline:
         from vidgen.models.quantization import quantize_linears
 
         quantize_linears(self.transformer, kind, device=device)
+        self._quantized = kind
         if text_encoder:
             quantize_linears(self.text_encoder, kind, device=device, under="")
             self.text_encoder.to(self.text_encoder.device)  # moving drops its cached prompt embeddings
@@ -190,6 +192,11 @@ class LongVideoPipeline:
             block.compile(dynamic=True)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
+        if self._quantized:
+            raise InputError(
+                f"this pipeline's weights are {self._quantized}-quantized: save the float model and "
+                f"quantize when loading (runtime.quantize = {self._quantized!r})"
+            )
         loading.save_components(Path(path), self.transformer, self.vae, self.text_encoder, self.config)
 
     def device_from_config(self) -> torch.device:

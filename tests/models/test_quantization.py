@@ -76,7 +76,7 @@ def test_missing_torchao_is_one_line_with_the_install_command(monkeypatch):
 
 
 def test_pipeline_from_config_quantizes_transformer_and_text_encoder(tmp_path):
-    from vidgen.pipelines import LongVideoPipeline
+    from vidgen.pipelines import InputError, LongVideoPipeline
 
     folder = save_tiny_pipeline(tmp_path / "model")
     plain = LongVideoPipeline.from_pretrained(folder, **{"runtime.autocast": "off"})
@@ -96,6 +96,8 @@ def test_pipeline_from_config_quantizes_transformer_and_text_encoder(tmp_path):
     a = plain("a red circle", **kwargs).frames
     b = quant("a red circle", **kwargs).frames
     assert a.shape == b.shape and 0 < abs(a - b).mean() < 0.05
+    with pytest.raises(InputError, match="int8-quantized: save the float model"):
+        quant.save_pretrained(tmp_path / "copy")
 
 
 def test_bench_on_wan_geometry_measures_memory_and_error(tmp_path):
