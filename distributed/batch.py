@@ -7,8 +7,10 @@ Each line of the file is one video (a JSON object)::
 
 Keys: ``out`` (required, .mp4, relative to the current folder), ``prompt`` or ``storyboard`` (a
 list of ``[start, prompt]`` or a storyboard file), and optionally ``seconds``, ``seed``, ``height``,
-``width``, ``steps``, ``guidance`` and ``set`` (a list of ``"generation.key=value"``); a key left
-out takes the command line's value (``--seconds``, ``--seed`` + line number, ...).
+``width``, ``steps``, ``guidance``, ``set`` (a list of ``"generation.key=value"``), and ``image``
+(a start frame) or ``continue`` (a clip continued for ``seconds`` more), as ``vidgen render
+--image`` / ``--continue``; a key left out takes the command line's value (``--seconds``,
+``--seed`` + line number, ...).
 
 One driver thread per replica takes the next job from a shared queue and records it exactly as a
 single render does (``OUT.parts/``, see ``vidgen.distributed.render``). When a worker dies, its
@@ -39,10 +41,13 @@ from vidgen.distributed.ray_cluster import (
     rendezvous_dir,
 )
 from vidgen.distributed.ray_worker import WORK_DIR, PipelineSpec, VideoJob
-from vidgen.distributed.render import check_layout, record_video, spec_from_args, user_errors
+from vidgen.distributed.render import check_layout, record_video, spec_from_args, start_of, user_errors
 from vidgen.distributed.replica import Replica, WorkerLost
 
-_JOB_KEYS = {"prompt", "storyboard", "seconds", "seed", "height", "width", "steps", "guidance", "set", "out"}
+_JOB_KEYS = {
+    *("prompt", "storyboard", "seconds", "seed", "height", "width", "steps", "guidance", "set", "out"),
+    *("image", "continue"),
+}
 _PER_VIDEO_TABLES = ("generation.", "drift.")
 
 
@@ -94,7 +99,8 @@ class JobFileError(ValueError):
 
 def read_jobs(path: str | Path, args: argparse.Namespace) -> list[BatchJob]:
     """Parse a JSONL jobs file; defaults come from the command line. Errors name the line."""
-    from vidgen.cli.render import parse_overrides, read_storyboard
+    from vidgen.cli import UsageError
+    from vidgen.cli.render import parse_overrides, read_start, read_storyboard
 
     file = Path(path)
     if not file.is_file():
@@ -150,6 +156,13 @@ def read_jobs(path: str | Path, args: argparse.Namespace) -> list[BatchJob]:
                 f'{where}: "set" may change generation.* and drift.* per video, not {wrong[0]!r} '
                 "(pass it to the command with --set)"
             )
+        if "image" in entry and "continue" in entry:
+            raise JobFileError(f'{where}: give "image" or "continue", not both')
+        image, clip = entry.get("image"), entry.get("continue")
+        try:  # unreadable now is unreadable on the workers: say so before anything runs
+            read_start(argparse.Namespace(image=image, continue_from=clip))
+        except UsageError as err:
+            raise JobFileError(f"{where}: {err}") from None
         job = VideoJob(
             prompt=entry.get("prompt"),
             storyboard=board,
@@ -160,6 +173,7 @@ def read_jobs(path: str | Path, args: argparse.Namespace) -> list[BatchJob]:
             guidance_scale=entry.get("guidance", args.guidance),
             seed=int(seed),
             overrides=overrides,
+            **start_of(image, clip),
         )
         request = {
             "prompt": job.prompt,
@@ -176,6 +190,7 @@ def read_jobs(path: str | Path, args: argparse.Namespace) -> list[BatchJob]:
             "set": list(args.set) + job_set,
             "fps": args.fps,
             "seed": job.seed,
+            **({"image": job.image, "video": job.video} if job.include_input else {}),
         }
         jobs.append(BatchJob(number, job, out, request))
     if not jobs:

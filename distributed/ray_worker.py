@@ -87,6 +87,12 @@ class VideoJob:
     seed: int = 0
     overrides: dict[str, Any] = field(default_factory=dict)
     """Per-video ``"table.key": value`` overrides (``pipe.stream(overrides=...)``)."""
+    image: str | None = None
+    """Image-to-video: an image file the video starts from (read by the worker)."""
+    video: str | None = None
+    """Continuation: a video file continued (read by the worker)."""
+    include_input: bool = False
+    """The video opens with the given frames (``pipe.stream(include_input=...)``)."""
 
     def stream_kwargs(self) -> dict[str, Any]:
         kwargs = asdict(self)

@@ -154,7 +154,21 @@ def spec_from_args(args: argparse.Namespace) -> PipelineSpec:
     if getattr(args, "transformer", None):
         overrides["model.transformer"] = args.transformer
     overrides.update(lora_overrides(args))
+    if getattr(args, "quantize", None):
+        overrides["runtime.quantize"] = args.quantize
     return PipelineSpec(model=args.model, config=args.config, overrides=overrides)
+
+
+def start_of(image: str | None, video: str | None) -> dict[str, Any]:
+    """VideoJob fields for ``--image`` / ``--continue`` (absolute paths: workers may run elsewhere)."""
+    if not (image or video):
+        return {}
+    absolute = {k: str(Path(v).resolve()) for k, v in (("image", image), ("video", video)) if v}
+    return {**absolute, "include_input": True}
+
+
+def _start_paths(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    return getattr(args, "image", None), getattr(args, "continue_from", None)
 
 
 def check_layout(sp: int, replicas: int) -> RayParallelism:
@@ -182,6 +196,10 @@ def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: P
     try:
         if replicas != 1:
             raise DegreeError("--replicas applies to batches (--jobs FILE.jsonl); one video uses one replica")
+        if getattr(args, "decode_worker", False) and start_of(*_start_paths(args)):
+            raise DegreeError(
+                "--image / --continue need the frames decoded by the ranks: drop --decode-worker"
+            )
         layout = check_layout(args.sp, 1)
     except user_errors() as err:
         raise UsageError(str(err)) from None
@@ -194,6 +212,7 @@ def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: P
         num_inference_steps=args.steps,
         guidance_scale=args.guidance,
         seed=seed,
+        **start_of(*_start_paths(args)),
     )
     started = connect(getattr(args, "address", None))
     placement = replica = None

@@ -47,6 +47,8 @@ class SessionRecord:
     """Frames handed out so far."""
     pending_prompt: str | None = None
     """A prompt change asked for that applies from the next chunk made."""
+    opening_frames: int = 0
+    """Given frames the video opens with (``image`` / ``video``); prompt times count after them."""
 
     def save(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -113,8 +115,9 @@ class SessionStore:
             if request.storyboard is not None
             else [(0.0, request.prompt)]
         )
-        limit = round(request.seconds * fps) if request.seconds is not None else None
-        record = SessionRecord(asdict(request), seed, board, limit)
+        opening = _opening_frames(request)
+        limit = opening + round(request.seconds * fps) if request.seconds is not None else None
+        record = SessionRecord(asdict(request), seed, board, limit, opening_frames=opening)
         # fail now on a bad request (InputError), not at the first chunk
         self.pipe.plan(storyboard=board, num_frames=limit or fps, height=request.height, width=request.width)
         session_id = self.new_id()
@@ -140,6 +143,7 @@ class SessionStore:
             state_path=state,
             resume=resume,
             overrides=request.overrides or None,
+            **request.stream_input(),
         )
         config = self.pipe.config.replace(**request.overrides) if request.overrides else self.pipe.config
         return _Live(record, stream, control, contextvars.copy_context(), config.generation.fps)
@@ -198,7 +202,9 @@ class SessionStore:
                 if record.pending_prompt is not None:
                     prompt, record.pending_prompt = record.pending_prompt, None
                     live.control.change_prompt(prompt)
-                    _add_change(record.storyboard, live.frame_end / live.fps, prompt)
+                    _add_change(
+                        record.storyboard, (live.frame_end - record.opening_frames) / live.fps, prompt
+                    )
                 try:
                     chunk = live.context.run(next, live.stream)
                 except StopIteration:
@@ -300,6 +306,23 @@ class SessionStore:
                 "evicted": self.evicted,
                 "restored": self.restored,
             }
+
+
+def _opening_frames(request: GenerationRequest) -> int:
+    """How many frames the session's start input holds (read now: an unreadable file fails the
+    request at ``open``)."""
+    from vidgen.pipelines import InputError
+    from vidgen.video import read_image, read_video
+
+    try:
+        if request.image:
+            read_image(request.image)
+            return 1
+        if request.video:
+            return len(read_video(request.video)[0])
+    except (FileNotFoundError, ValueError) as err:
+        raise InputError(str(err).splitlines()[0]) from None
+    return 0
 
 
 def _drain(stream: Iterator[VideoChunk]) -> None:

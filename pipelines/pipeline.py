@@ -137,6 +137,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         self.config = config or VidgenConfig()
         self._text_contexts: dict[tuple, TextContext] = {}
         self._offload_hooks: list = []
+        self._quantized: str | None = None
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -165,6 +166,8 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         pipe = cls(transformer, vae, text_encoder, config)
         pipe.apply_config_loras(config.model.loras)
         device = pipe.device_from_config()
+        if config.runtime.quantize != "none":
+            pipe.quantize(config.runtime.quantize, config.runtime.quantize_text_encoder, device)
         if config.runtime.cpu_offload and device.type != "cpu":
             pipe.enable_model_cpu_offload(device)
         else:
@@ -172,6 +175,20 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         if config.runtime.compile:
             pipe.compile()
         return pipe
+
+    def quantize(
+        self, kind: str = "int8", text_encoder: bool = False, device: torch.device | str | None = None
+    ) -> None:
+        """Quantize the transformer blocks' linear layers (and the text encoder's) in place with
+        torchao: ``int8`` weight-only or ``fp8`` (see ``vidgen.models.quantization``)."""
+        from vidgen.models.quantization import quantize_linears
+
+        quantize_linears(self.transformer, kind, device=device)
+        self._quantized = kind
+        if text_encoder:
+            quantize_linears(self.text_encoder, kind, device=device, under="")
+            self.text_encoder.to(self.text_encoder.device)  # moving drops its cached prompt embeddings
+        self._text_contexts.clear()
 
     def compile(self) -> None:
         """torch.compile every transformer block (dynamic shapes: the cache fills up over the first
@@ -184,6 +201,11 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             raise InputError(
                 "the transformer carries LoRA adapters: call fuse_lora() then unload_lora_weights() "
                 "(or just unload_lora_weights()) before save_pretrained"
+            )
+        if self._quantized:
+            raise InputError(
+                f"this pipeline's weights are {self._quantized}-quantized: save the float model and "
+                f"quantize when loading (runtime.quantize = {self._quantized!r})"
             )
         loading.save_components(Path(path), self.transformer, self.vae, self.text_encoder, self.config)
 
@@ -376,7 +398,8 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         negative_prompt: str | None = None,
         generator: torch.Generator | int | None = None,
         video: np.ndarray | torch.Tensor | str | os.PathLike | None = None,
-        image: np.ndarray | None = None,
+        image: np.ndarray | str | os.PathLike | None = None,
+        include_input: bool = False,
         control: StreamControl | None = None,
         state_path: str | os.PathLike | None = None,
         resume: bool = False,
@@ -388,7 +411,12 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         """Yield :class:`VideoChunk` s as they are decoded.
 
         ``num_frames`` / ``seconds`` None: no end (stop with ``control.stop()``). ``video`` / ``image``:
-        a clip or frame whose continuation is generated (it is encoded and prefilled into the cache).
+        a clip or frame (arrays, or a video / image file) whose continuation is generated: it is
+        resized to the video's size as diffusers' ``VideoProcessor`` does (a stretch, Lanczos) if
+        it differs, encoded and prefilled into the cache; ``num_frames``, ``seconds`` and storyboard
+        times count the generated frames. ``include_input=True``: the first chunk opens with the
+        given frames (the newest ``1 + 4k`` after the autoencoder round trip, any older ones as
+        given) and every ``frame_start`` counts them, so the chunks make the whole video.
         ``state_path``: after every chunk the generation state is saved there; with ``resume=True`` a
         saved state is loaded first and generation continues after its last complete chunk.
         ``overrides``: ``"table.key": value`` config changes for this video only (window, sinks,
@@ -412,7 +440,12 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         # advance this generator from different threads (Gradio does)
         backend = config.runtime.attention_backend or None
         # 2. continuation: encode and prefill a clip or an image
-        prefix = self._prefix_latents(video, image, height, width)
+        clip = self._input_clip(video, image, height, width)
+        prefix = clip.latents if clip is not None else None
+        if include_input and clip is not None and not decode:
+            raise InputError("include_input needs the frames decoded here (decode=True)")
+        offset = len(clip.frames) if include_input and clip is not None else 0
+        opening = None
         planner = self._planner(
             config, changes, steps, prefix_latents=prefix.shape[2] if prefix is not None else 0
         )
@@ -421,7 +454,9 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             resumed_from = run.load(state_path)
         elif prefix is not None:
             with attention_backend(backend):
-                run.prefill(prefix, planner, negative)
+                decoded = run.prefill(prefix, planner, negative)
+            if offset:
+                opening = np.concatenate([clip.frames[: len(clip.frames) - clip.kept], decoded])
 
         # 3. the plan, then chunk by chunk
         started = time.perf_counter()
@@ -440,9 +475,12 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             elapsed = time.perf_counter() - started
             out.metrics.video_seconds = len(frames) / g.fps
             out.metrics.real_time_factor = made_seconds / max(elapsed, 1e-9)
+            frame_start = chunk.frame_start + offset
+            if opening is not None and chunk.index == 0:
+                frames, frame_start = np.concatenate([opening, frames]), 0
             yield VideoChunk(
                 index=chunk.index,
-                frame_start=chunk.frame_start,
+                frame_start=frame_start,
                 start_time=chunk.start_time,
                 frames=frames,
                 prompt=chunk.prompt,
@@ -490,34 +528,58 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         return LongVideoPipelineOutput(frames=frames, chunks=metrics)
 
     # ------------------------------------------------------------------ helpers
-    def _prefix_latents(self, video, image, height: int, width: int) -> torch.Tensor | None:
+    def _input_clip(self, video, image, height: int, width: int) -> _InputClip | None:
         if video is None and image is None:
             return None
         if video is not None and image is not None:
             raise InputError("pass video= or image=, not both")
-        if image is not None:
-            frames = np.asarray(image)[None]
-        elif isinstance(video, (str, os.PathLike)):
-            from vidgen.video import read_video
+        from vidgen.video import read_image, read_video
 
-            frames, _ = read_video(video)
-        else:
-            frames = np.asarray(video) if not torch.is_tensor(video) else video.cpu().numpy()
-        if frames.ndim != 4 or frames.shape[-1] != 3:
+        try:  # a file that cannot be read is the user's to fix
+            if isinstance(image, (str, os.PathLike)):
+                frames = read_image(image)[None]
+            elif image is not None:
+                frames = np.asarray(image)[None]
+            elif isinstance(video, (str, os.PathLike)):
+                frames, _ = read_video(video)
+            else:
+                frames = np.asarray(video) if not torch.is_tensor(video) else video.cpu().numpy()
+        except (FileNotFoundError, ValueError) as err:
+            raise InputError(str(err)) from None
+        if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
             raise InputError(f"video= must be frames (T, H, W, 3), got shape {tuple(frames.shape)}")
+        tensor = torch.tensor(frames, dtype=torch.float32)  # a copy: the caller's array may be read-only
+        tensor = tensor / 127.5 - 1.0 if frames.dtype == np.uint8 else tensor * 2.0 - 1.0
+        tensor = tensor.permute(3, 0, 1, 2)[None]  # (1, 3, T, H, W) in [-1, 1]
         if frames.shape[1:3] != (height, width):
-            raise InputError(
-                f"the clip is {frames.shape[2]}x{frames.shape[1]}, the video is {width}x{height}"
-            )
+            tensor = resize_video(tensor, height, width)
+        uint8 = ((tensor[0].permute(1, 2, 3, 0) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).numpy()
         t = self.temporal_factor
-        usable = 1 + ((len(frames) - 1) // t) * t  # whole latent frames; the newest frames are kept
-        frames = frames[len(frames) - usable :]
-        if frames.dtype == np.uint8:
-            tensor = torch.from_numpy(frames).float() / 127.5 - 1.0
-        else:
-            tensor = torch.as_tensor(frames).float() * 2.0 - 1.0
-        tensor = tensor.permute(3, 0, 1, 2)[None].to(self.device)  # (1, 3, T, H, W)
-        return encode_video(self.vae, tensor)
+        kept = 1 + ((tensor.shape[2] - 1) // t) * t  # whole latent frames; the newest frames are kept
+        latents = encode_video(self.vae, tensor[:, :, tensor.shape[2] - kept :].to(self.device))
+        return _InputClip(latents=latents, frames=uint8, kept=kept)
+
+
+@dataclass
+class _InputClip:
+    latents: torch.Tensor
+    """(1, C, F, h, w) normalised latents of the newest ``kept`` frames."""
+    frames: np.ndarray
+    """(T, H, W, 3) uint8: every given frame, at the video's size."""
+    kept: int
+
+
+def resize_video(video: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """(B, 3, T, H, W) in [-1, 1] to ``height`` x ``width`` as diffusers' ``VideoProcessor`` resizes
+    PIL frames (``resize_mode="default"``: a Lanczos stretch to the size, no crop, no padding)."""
+    from diffusers.video_processor import VideoProcessor
+    from PIL import Image
+
+    frames = ((video[0].permute(1, 2, 3, 0) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).numpy()
+    processor = VideoProcessor(vae_scale_factor=1)
+    return processor.preprocess_video(
+        [Image.fromarray(f) for f in frames], height=height, width=width
+    ).float()
 
 
 def flow_schedule(g: GenerationConfig, steps: int) -> FlowSchedule:
@@ -650,15 +712,18 @@ class _Run:
             self.write(latents, group[0], conditioning, purpose)
 
     @torch.no_grad()
-    def prefill(self, prefix: torch.Tensor, planner: ChunkPlanner, negative: str) -> None:
+    def prefill(self, prefix: torch.Tensor, planner: ChunkPlanner, negative: str) -> np.ndarray | None:
+        """Write the clip's latents into the cache; returns its frames after the autoencoder round
+        trip (None without a decoder here)."""
         first = next(iter(planner.chunks(None)))
         conditioning = self.pipe._conditioning(first, self.guidance, negative)
         chunk = self.config.generation.chunk_frames
         for start in range(0, prefix.shape[2], chunk):
             self.write(prefix[:, :, start : start + chunk], start, conditioning, purpose=3)
         # warm the streaming decoder so the continuation decodes seamlessly
-        if self.decoder is not None:
-            self.decoder.decode(prefix, 0)
+        if self.decoder is None:
+            return None
+        return decode_to_frames(self.decoder, prefix, 0)
 
     # -------------------------------------------------------------- one chunk
     @torch.no_grad()

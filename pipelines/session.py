@@ -37,6 +37,17 @@ class GenerationRequest:
     seed: int | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     """``"table.key": value`` config changes for this video (window, sinks, drift, backend)."""
+    image: str | None = None
+    """Image-to-video: an image file (readable where the session runs) the video starts from."""
+    video: str | None = None
+    """Continuation: a video file continued; the session's video opens with its frames, and
+    ``seconds`` counts the frames made after them."""
+
+    def stream_input(self) -> dict[str, Any]:
+        """``pipe.stream`` arguments for the start frames (none without ``image`` / ``video``)."""
+        if not (self.image or self.video):
+            return {}
+        return {"image": self.image, "video": self.video, "include_input": True}
 
 
 class SessionBackend(Protocol):
@@ -140,6 +151,7 @@ class LocalSessions:
             generator=request.seed,
             control=control,
             overrides=request.overrides or None,
+            **request.stream_input(),
         )
         with self._lock:
             self._sessions[session_id] = _Session(request, control, stream, contextvars.copy_context())

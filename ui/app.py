@@ -26,6 +26,7 @@ no video, then one per segment, and the last the MP4. ``video`` is the stream's 
         prompt="a red circle moving left on a black background",
         seconds=4,  # or until_stopped=True, and stop it (below)
         seed=1,
+        # start_file=gradio_client.handle_file("start.png"),  # an image or a clip to continue
         api_name="/generate",
     )
     for video, fps, rtf, chunks, drift, mp4, status in job:
@@ -157,6 +158,13 @@ def build_app(
                         label="Storyboard",
                         elem_id="storyboard",
                     )
+                with gr.Accordion("Start from an image or a video (optional)", open=False):
+                    start_file = gr.File(
+                        label="Image to animate, or video to continue",
+                        file_types=["image", "video"],
+                        type="filepath",
+                        elem_id="start-file",
+                    )
                 with gr.Row():
                     seconds = gr.Number(
                         label="Length (seconds)", value=10, minimum=0.5, maximum=g.max_seconds
@@ -246,7 +254,7 @@ def build_app(
         form = [
             prompt, storyboard, seconds, until_stopped, seed, height, width, steps,
             window_frames, sink_frames, anchor_stats, recache_every, context_noise, backend_choice,
-            session,
+            start_file, session,
         ]  # fmt: skip
         outputs = [video, fps, rtf, chunks, drift, download, status, session]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from vidgen.pipelines import InputError
@@ -44,6 +45,11 @@ class Form:
     recache_every: float | None = None
     context_noise: float | None = None
     attention_backend: str | None = AUTO_BACKEND
+    start_file: str | None = None
+    """An uploaded image (image-to-video) or video (continued) the video starts from."""
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 
 def _rows(table: Any) -> list[list[Any]]:
@@ -210,6 +216,9 @@ def build_request(form: Form, info: ModelInfo) -> tuple[GenerationRequest, list[
         raise FormError(str(err)) from None
     changed = {k: v for k, v in overrides.items() if _get(info, k) != v}
 
+    # 5. an uploaded start: read now, so that a file that is no image or video is a form error
+    start = _start(form.start_file, height, width, warnings)
+
     request = GenerationRequest(
         prompt=board[0][1] if len(board) == 1 else None,
         storyboard=board if len(board) > 1 else None,
@@ -219,8 +228,29 @@ def build_request(form: Form, info: ModelInfo) -> tuple[GenerationRequest, list[
         num_inference_steps=steps,
         seed=seed,
         overrides=changed,
+        **start,
     )
     return request, warnings
+
+
+def _start(path: Any, height: int, width: int, warnings: list[str]) -> dict[str, str]:
+    if _blank(path):
+        return {}
+    from vidgen.video import read_image, read_video
+
+    path = str(path)
+    kind = "image" if Path(path).suffix.lower() in IMAGE_SUFFIXES else "video"
+    try:
+        frames = read_image(path)[None] if kind == "image" else read_video(path)[0]
+    except (FileNotFoundError, ValueError) as err:
+        raise FormError(f"the uploaded file cannot be used: {str(err).splitlines()[0]}") from None
+    if not len(frames):
+        raise FormError("the uploaded video holds no frames: upload another, or remove it")
+    if frames.shape[1:3] != (height, width):
+        warnings.append(
+            f"the uploaded {kind} is {frames.shape[2]}x{frames.shape[1]}: it is stretched to {width}x{height}"
+        )
+    return {kind: path}
 
 
 def _get(info: ModelInfo, dotted: str) -> Any:

@@ -104,6 +104,7 @@ class LiveHandlers:
         recache_every: float | None,
         context_noise: float | None,
         attention_backend: str | None,
+        start_file: str | None = None,
         session_id: str | None = None,
     ) -> Iterator[tuple]:
         """Streams a new video. Yields ``(video segment, frames per second, real-time factor,
@@ -126,6 +127,7 @@ class LiveHandlers:
             recache_every=recache_every,
             context_noise=context_noise,
             attention_backend=attention_backend,
+            start_file=start_file,
         )
         try:
             request, warnings = build_request(form, self.info)

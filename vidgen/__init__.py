@@ -5,7 +5,15 @@ Nothing heavy happens at import: the public names below are resolved lazily.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
+
+# diffusers imports torchao (the optional quantization backend) whenever it is installed; on a CPU
+# build torchao logs a warning for each CUDA kernel library it cannot load, and diffusers one for
+# checkpoint classes newer torchao versions dropped, and torch one per enum torchao registers with
+# the deprecated pytree call. None of it concerns vidgen's use of torchao.
+for _name in ("torchao", "diffusers.quantizers.torchao.torchao_quantizer", "torch.utils._pytree"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
 
 __version__ = "0.1.0"
 

@@ -51,6 +51,7 @@ RopeMode = Literal["absolute", "rolling"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 Autocast = Literal["auto", "off", "bfloat16"]
 Device = Literal["auto", "cpu", "cuda"]
+Quantize = Literal["none", "int8", "fp8"]
 
 
 @dataclass
@@ -213,9 +214,15 @@ class RuntimeConfig:
     """Keep only the running component on the accelerator (accelerate hooks)."""
     threads: int = 0
     """CPU threads for torch (0: torch's default)."""
+    quantize: Quantize = "none"
+    """Quantize the transformer blocks' linear layers with torchao: ``int8`` weight-only (CPU and
+    GPU), ``fp8`` (fp8 matmuls on GPUs of compute capability >= 8.9, emulated elsewhere)."""
+    quantize_text_encoder: bool = False
+    """Quantize the text encoder's linear layers the same way (with ``quantize`` set)."""
 
     def __post_init__(self) -> None:
         _check_choice("runtime.device", self.device, get_args(Device))
+        _check_choice("runtime.quantize", self.quantize, get_args(Quantize))
         _check_choice("runtime.dtype", self.dtype, get_args(Dtype))
         _check_choice("runtime.autocast", self.autocast, get_args(Autocast))
         _check_positive("runtime.threads", self.threads, allow_zero=True)

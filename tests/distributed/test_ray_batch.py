@@ -140,6 +140,8 @@ def test_batch_cli_and_resume_skips_finished_videos(ray_cluster, tiny_model_dir,
         ({"prompt": "p", "out": "a.avi"}, '"out" must be an .mp4 path'),
         ({"prompt": "p", "out": "a.mp4", "seconds": 0}, '"seconds" must be positive'),
         ({"prompt": "p", "out": "a.mp4", "set": ["model.vae=wan"]}, "not 'model.vae'"),
+        ({"prompt": "p", "out": "a.mp4", "image": "missing.png"}, "no such image file: missing.png"),
+        ({"prompt": "p", "out": "a.mp4", "image": "x.png", "continue": "y.mp4"}, '"image" or "continue"'),
     ],
 )
 def test_job_file_errors_name_the_line(tmp_path, line, message):
@@ -157,3 +159,35 @@ def test_duplicate_outputs_and_missing_ray_are_refused(tmp_path, capsys):
         read_jobs(jobs_file, _args(jobs_file))
     assert main(["render", "--jobs", str(jobs_file)]) == 2
     assert "--jobs runs on Ray: add --parallel ray" in capsys.readouterr().err
+
+
+def test_continuation_job_holds_the_clip_then_its_single_process_continuation(
+    ray_cluster, tiny_model_dir, tmp_path
+):
+    from vidgen.video import write_mp4
+
+    clip = tmp_path / "clip.mp4"
+    write_mp4(clip, (np.random.default_rng(3).random((9, 64, 64, 3)) * 255).astype(np.uint8), fps=16)
+    job = {"prompt": RED, "seconds": 1, "seed": 7, "out": str(tmp_path / "more.mp4"), "continue": str(clip)}
+    jobs_file = _write_jobs(tmp_path / "jobs.jsonl", [job])
+    assert (
+        main(
+            [
+                "render",
+                "--jobs",
+                str(jobs_file),
+                "--model",
+                str(tiny_model_dir),
+                "--parallel",
+                "ray",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    reference = tmp_path / "reference.mp4"
+    assert main(["render", "--model", str(tiny_model_dir), RED, "--continue", str(clip), "--seconds", "1",
+                 "--seed", "7", "--out", str(reference), "--quiet"]) == 0  # fmt: skip
+    made = read_video(job["out"])[0]
+    assert len(made) == 9 + 16  # the clip, then a second
+    assert_decoded_match(made, read_video(reference)[0])

@@ -146,3 +146,18 @@ def test_bad_degrees_are_clear_errors(ray_cluster, tiny_model_dir, tmp_path, cap
     assert "needs 4 CPUs but the Ray cluster has 2" in error_of("--parallel", "ray", "--sp", "4")
     assert "--replicas applies to batches" in error_of("--parallel", "ray", "--replicas", "2")
     assert not (tmp_path / "x.mp4.parts").exists()
+
+
+@pytest.mark.parametrize("sp", ["1", "2"])
+def test_ray_continuation_equals_single_process(ray_cluster, tiny_model_dir, tmp_path, sp):
+    from vidgen.video import write_mp4
+
+    clip = tmp_path / "clip.mp4"
+    write_mp4(clip, (np.random.default_rng(6).random((9, 64, 64, 3)) * 255).astype(np.uint8), fps=16)
+    single, ray = tmp_path / "single.mp4", tmp_path / "ray.mp4"
+    assert main([*_argv(tiny_model_dir, single, "--continue", str(clip)), "--seconds", "1"]) == 0
+    argv = _argv(tiny_model_dir, ray, "--continue", str(clip), "--parallel", "ray", "--sp", sp)
+    assert main([*argv, "--seconds", "1"]) == 0
+    frames = read_video(ray)[0]
+    assert frames.shape == (9 + 16, 64, 64, 3)  # the clip, then a second
+    assert_decoded_match(frames, read_video(single)[0])

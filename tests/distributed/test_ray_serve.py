@@ -91,6 +91,21 @@ def test_idle_session_is_evicted_then_resumes_from_its_persisted_cache(sessions,
     sessions.stop(sid)
 
 
+def test_a_session_started_from_an_image_opens_with_it(sessions, pipe, tmp_path):
+    from PIL import Image
+
+    image = (np.random.default_rng(5).random((64, 64, 3)) * 255).astype(np.uint8)
+    Image.fromarray(image).save(tmp_path / "start.png")
+    sid = sessions.open(
+        GenerationRequest(prompt=RED, seconds=1.0, seed=12, image=str(tmp_path / "start.png"))
+    )
+    made = _read(sessions, sid)
+    expected = pipe.stream(RED, seconds=1.0, generator=12, image=image, include_input=True)
+    assert len(made) == 1 + 16  # the image, then the second asked for
+    assert_frames_match(made, np.concatenate([c.frames for c in expected]))
+    sessions.stop(sid)
+
+
 def test_fallback_replica_is_stable():
     replicas = ["a1", "b2", "c3"]
     chosen = fallback_replica("x.1", replicas)

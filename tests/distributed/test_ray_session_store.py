@@ -98,3 +98,25 @@ def test_stop_forgets_the_session(pipe, tmp_path):
     assert store.next_chunk(reading) is None
     store.end_read(reading)
     assert store.describe()["sessions"] == []
+
+
+def test_continuation_session_opens_with_the_clip_and_survives_a_crash(pipe, tmp_path):
+    from vidgen.pipelines import InputError
+    from vidgen.video import read_video, write_mp4
+
+    clip = tmp_path / "clip.mp4"
+    write_mp4(clip, (np.random.default_rng(2).random((9, 64, 64, 3)) * 255).astype(np.uint8), fps=FPS)
+    request = GenerationRequest(prompt=RED, seconds=1.0, seed=4, video=str(clip))
+    store = SessionStore(pipe, persist_dir=tmp_path / "sessions")
+    sid = store.open(request)
+    first = _read(store, sid)
+    assert len(first) == 9 + 16  # the clip, then the session's second
+    store.close()  # crash: another replica restores it from the saved state
+    survivor = SessionStore(pipe, persist_dir=tmp_path / "sessions")
+    survivor.extend(sid, 0.5)
+    rest = _read(survivor, sid)
+    survivor.close()
+    whole = pipe.stream(RED, seconds=1.5, generator=4, video=read_video(clip)[0], include_input=True)
+    assert_frames_match(np.concatenate([first, rest]), np.concatenate([c.frames for c in whole]))
+    with pytest.raises(InputError, match="no such image file"):
+        SessionStore(pipe).open(GenerationRequest(prompt=RED, seconds=1.0, image=str(tmp_path / "x.png")))

@@ -134,3 +134,24 @@ def test_examples_speak_the_default_models_language(info):
         build_request(
             Form(prompt=prompt, storyboard=rows, seconds=seconds, until_stopped=until_stopped), info
         )
+
+
+def test_an_uploaded_start_becomes_the_requests_image_or_video(info, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from vidgen.video import write_mp4
+
+    image = tmp_path / "start.png"
+    Image.fromarray(np.zeros((32, 48, 3), np.uint8)).save(image)
+    request, warnings = build_request(Form(prompt=PROMPT, start_file=str(image)), info)
+    assert (request.image, request.video) == (str(image), None)
+    assert warnings == ["the uploaded image is 48x32: it is stretched to 64x64"]
+    clip = tmp_path / "clip.mp4"
+    write_mp4(clip, np.zeros((5, 64, 64, 3), np.uint8), fps=16)
+    request, warnings = build_request(Form(prompt=PROMPT, start_file=str(clip)), info)
+    assert (request.image, request.video, warnings) == (None, str(clip), [])
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello")
+    with pytest.raises(FormError, match="the uploaded file cannot be used: not a video file"):
+        build_request(Form(prompt=PROMPT, start_file=str(notes)), info)

@@ -130,3 +130,15 @@ def _info():
     from vidgen.pipelines.session import ModelInfo
 
     return ModelInfo.from_pipeline(tiny_components())
+
+
+def test_an_uploaded_clip_opens_the_video(handlers, tmp_path):
+    import numpy as np
+
+    from vidgen.video import read_video, write_mp4
+
+    clip = tmp_path / "clip.mp4"
+    write_mp4(clip, (np.random.default_rng(0).random((9, 64, 64, 3)) * 255).astype(np.uint8), fps=16)
+    *_, last = handlers.generate(**form(seconds=1, start_file=str(clip)))
+    download = last[5]
+    assert len(read_video(download)[0]) == 9 + 16  # the clip, then a second

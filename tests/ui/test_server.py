@@ -115,3 +115,17 @@ def test_a_cancelled_client_frees_its_run(server):
     job.cancel()
     wait_for(lambda: not running.exists(), timeout=20, what="the cancelled run's folder to go")
     assert set(runs.iterdir()) == before
+
+
+def test_an_uploaded_clip_is_continued(server, tmp_path):
+    import numpy as np
+
+    from vidgen.video import write_mp4
+
+    clip = tmp_path / "clip.mp4"
+    write_mp4(clip, (np.random.default_rng(0).random((9, 64, 64, 3)) * 255).astype(np.uint8), fps=16)
+    start = gradio_client.handle_file(str(clip))
+    result = client(server).predict(prompt=PROMPT, seconds=1, start_file=start, api_name="/generate")
+    assert result[6].startswith("**Done**")
+    mp4 = httpx.get(result[5]["url"], timeout=10).content
+    assert len(read_video(mp4)[0]) == 9 + 16  # the clip, then a second

@@ -129,11 +129,35 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_quantize_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--layers", type=int, default=2, help="random Wan-1.3B-geometry blocks to measure (default: 2 of 30)"
+    )
+    parser.add_argument(
+        "--frames", type=int, default=2, help="latent frames of the random input (default: 2)"
+    )
+    parser.add_argument(
+        "--latent-side", type=int, default=16, help="latent height and width of the input (default: 16)"
+    )
+    parser.add_argument(
+        "--eval-prompts",
+        type=int,
+        default=4,
+        help="held-out prompts for the default model's eval with and without int8 (0: skip; default 4)",
+    )
+    parser.add_argument(
+        "--eval-seconds", type=float, default=4.0, help="length of each eval video (default 4)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
 _TARGETS = {
     # target -> (module with main(args), function adding its options)
     "attention": ("vidgen.attention.benchmark", _add_attention_options),
     "pipeline": ("vidgen.pipelines.benchmark", _add_pipeline_options),
     "distributed": ("vidgen.distributed.benchmark", _add_distributed_options),
+    "quantize": ("vidgen.pipelines.benchmark_quantize", _add_quantize_options),
 }
 
 

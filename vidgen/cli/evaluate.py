@@ -35,6 +35,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--model", help="a local pipeline folder or preset (default: the embedded model)")
     p.add_argument("--config", help="a preset name or TOML file")
     p.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE")
+    p.add_argument("--quantize", choices=["int8", "fp8"], help="quantize the transformer (as vidgen render)")
     p.add_argument("--out-dir", default="outputs/eval", help="report.json and PNG plots")
     p.add_argument("--video", help="judge this MP4 instead of generating (needs --prompt or --storyboard)")
     p.add_argument("--prompt", help="the prompt of --video")

@@ -40,6 +40,16 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--transformer", help="a causal transformer checkpoint replacing the model's")
     p.add_argument("--lora", action="append", metavar="PATH[:SCALE]", help="fuse in a LoRA (repeatable)")
     p.add_argument(
+        "--quantize", choices=["int8", "fp8"], help="quantize the transformer's linear layers (torchao)"
+    )
+    start = p.add_mutually_exclusive_group()
+    start.add_argument(
+        "--image", metavar="START.png", help="image-to-video: the video starts from this frame"
+    )
+    start.add_argument(
+        "--continue", dest="continue_from", metavar="VIDEO.mp4", help="continue this clip for --seconds more"
+    )
+    p.add_argument(
         "--set", action="append", default=[], metavar="TABLE.KEY=VALUE", help="override a config value"
     )
     p.add_argument("--out", help="output MP4 path (default: named after the prompt, in this folder)")
@@ -121,6 +131,7 @@ def _request(args: argparse.Namespace) -> dict:
         "config": args.config,
         "set": args.set,
         "fps": args.fps,
+        **{k: getattr(args, k) for k in ("quantize", "image", "continue_from") if getattr(args, k, None)},
     }
 
 
@@ -134,6 +145,8 @@ def load_pipeline(args: argparse.Namespace):
     if getattr(args, "transformer", None):
         overrides["model.transformer"] = args.transformer
     overrides.update(lora_overrides(args))
+    if getattr(args, "quantize", None):
+        overrides["runtime.quantize"] = args.quantize
     try:
         return LongVideoPipeline.from_pretrained(args.model, config=args.config, **overrides)
     except (ConfigError, ModelLoadError) as err:
@@ -164,6 +177,24 @@ def _what_to_render(args: argparse.Namespace) -> None:
         raise UsageError("say what to render: a PROMPT, --prompt, --storyboard or --jobs")
 
 
+def read_start(args: argparse.Namespace):
+    """The frames of ``--image`` / ``--continue`` as (T, H, W, 3) uint8 (None without either); an
+    unreadable file is a :class:`UsageError`."""
+    from vidgen.video import read_image, read_video
+
+    image, clip = getattr(args, "image", None), getattr(args, "continue_from", None)
+    if not (image or clip):
+        return None
+    flag, path = ("--image", image) if image else ("--continue", clip)
+    try:
+        frames = read_image(image)[None] if image else read_video(clip)[0]
+    except (FileNotFoundError, ValueError) as err:
+        raise UsageError(f"{flag}: {str(err).splitlines()[0]}") from None
+    if not len(frames):
+        raise UsageError(f"{flag}: {path} holds no frames")
+    return frames
+
+
 def default_out_name(what: str) -> str:
     """``a red ball, bouncing!`` -> ``a-red-ball-bouncing.mp4`` (at most 60 characters before .mp4)."""
     words = "".join(c if c.isalnum() else " " for c in what.lower()).split()
@@ -189,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--seconds must be positive, got {args.seconds}")
     parts = out.with_name(out.name + ".parts")
     request = _request(args)
+    start = read_start(args)
     if parts.exists() and not args.resume:
         raise UsageError(
             f"an interrupted render exists at {parts}: pass --resume to continue it, or delete it"
@@ -230,7 +262,15 @@ def run(args: argparse.Namespace) -> int:
     recording = SegmentedRecording(parts, fps=pipe.config.generation.fps)
     done = len(recording.completed_chunks())
     fps = pipe.config.generation.fps
-    total_frames = round(args.seconds * fps)
+    new_frames = round(args.seconds * fps)
+    total_frames = new_frames + (len(start) if start is not None else 0)
+    size = (args.height or pipe.config.generation.height, args.width or pipe.config.generation.width)
+    if start is not None and start.shape[1:3] != size:  # a warning: printed even with --quiet
+        print(
+            f"vidgen render: resizing the start frames from {start.shape[2]}x{start.shape[1]} to "
+            f"{size[1]}x{size[0]} (stretched, Lanczos, as diffusers' VideoProcessor)",
+            file=sys.stderr,
+        )
     if not args.quiet:
         print(f"vidgen render: seed {seed}, {args.seconds:g} s at {fps} fps -> {out}", file=sys.stderr)
     progress = _Progress(total_frames, fps, recording.num_frames(), quiet=args.quiet)
@@ -238,7 +278,10 @@ def run(args: argparse.Namespace) -> int:
         for chunk in pipe.stream(
             args.prompt,
             storyboard=request["storyboard"],
-            num_frames=total_frames,
+            num_frames=new_frames,
+            image=start[0] if start is not None and args.image else None,
+            video=start if start is not None and not args.image else None,
+            include_input=start is not None,
             height=args.height,
             width=args.width,
             num_inference_steps=args.steps,

@@ -19,7 +19,7 @@ in the same folder, then renamed), so a killed process never leaves a file that 
 
 from vidgen.video.encoding import DEFAULT_CRF, DEFAULT_PRESET, FrameRate
 from vidgen.video.mp4 import FragmentedMp4Writer, Mp4Writer, write_mp4
-from vidgen.video.reading import probe_video, read_video
+from vidgen.video.reading import probe_video, read_image, read_video
 from vidgen.video.recording import ConcatBackend, SegmentedRecording, ffmpeg_executable
 from vidgen.video.segments import SegmentWriter
 
@@ -34,6 +34,7 @@ __all__ = [
     "SegmentedRecording",
     "ffmpeg_executable",
     "probe_video",
+    "read_image",
     "read_video",
     "write_mp4",
 ]

@@ -95,3 +95,16 @@ def probe_video(path: VideoSource) -> dict:
             "codec": context.name,
             "pix_fmt": context.pix_fmt,
         }
+
+
+def read_image(path: str | os.PathLike) -> np.ndarray:
+    """An image file (PNG, JPEG, WebP, ...) as (H, W, 3) uint8 RGB; transparency is dropped."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no such image file: {path}")
+    try:
+        with Image.open(path) as image:
+            return np.array(image.convert("RGB"))
+    except (UnidentifiedImageError, OSError) as error:
+        raise ValueError(f"not an image file: {path} ({error})") from None
