@@ -18,6 +18,7 @@ are context only (no loss).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,7 +232,9 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
     run = TrainingRun(config, model, optimizer, lr_floor=0.1)
     # inductor fuses the many small elementwise ops around the matmuls (~1.7x per CPU step here)
     forward = torch.compile(model) if config.compile else model
+    step_seconds = 0.0  # the previous step, logged with the share spent making its data
     while not run.done:
+        started = time.perf_counter()
         rng = np.random.default_rng([config.seed, run.step])  # data is a function of the step: resumable
         generator = torch.Generator().manual_seed(config.seed * 1_000_003 + run.step)
         samples = [make_sample(rng, config) for _ in range(config.batch_size)]
@@ -249,11 +252,13 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         if config.object_weight > 0:
             masks = torch.from_numpy(np.stack([s.masks for s in samples]))
             object_weight = latent_object_weight(masks, temporal, spatial, config.object_weight)
+        data_seconds = time.perf_counter() - started
         model.train()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
             loss = diffusion_forcing_loss(
                 forward, latents, text, loss_chunks, config, generator, object_weight
             )
-        if not run.update(loss):
+        if not run.update(loss, data_s=round(data_seconds, 3), step_s=round(step_seconds, 3)):
             break
+        step_seconds = time.perf_counter() - started
     return run.finish()
