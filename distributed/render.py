@@ -105,15 +105,17 @@ def record_video(
     max_restarts: int = 3,
     on_chunk: Callable[[Any], None] | None = None,
     on_restart: Callable[[Replica, Exception], None] | None = None,
+    upscale: Any = None,
 ) -> RecordResult:
     """Make ``job`` on ``replica`` into the recording ``parts`` and join it to ``out``.
 
     A :class:`WorkerLost` restarts the replica and continues after the last recorded chunk (at
-    most ``max_restarts`` times). Chunks already recorded are never recorded again.
+    most ``max_restarts`` times). Chunks already recorded are never recorded again. ``upscale``:
+    a factor or :class:`vidgen.video.Upscale` for the recorded frames.
     """
     from vidgen.video import SegmentedRecording
 
-    recording = SegmentedRecording(parts, fps=replica.fps)
+    recording = SegmentedRecording(parts, fps=replica.fps, upscale=upscale)
     restarts = 0
     while True:
         done = recording.completed_chunks()
@@ -153,6 +155,8 @@ def spec_from_args(args: argparse.Namespace) -> PipelineSpec:
         overrides["generation.fps"] = args.fps
     if getattr(args, "transformer", None):
         overrides["model.transformer"] = args.transformer
+    if getattr(args, "sp_kind", None):
+        overrides["runtime.sp_kind"] = args.sp_kind
     return PipelineSpec(model=args.model, config=args.config, overrides=overrides)
 
 
@@ -219,12 +223,13 @@ def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: P
                 f"(Ray {started}, sp {layout.sp} on {layout.world} {unit} worker(s){decoding})",
                 file=sys.stderr,
             )
-        from vidgen.video import SegmentedRecording
+        from vidgen.video import SegmentedRecording, Upscale
 
+        upscale = Upscale(getattr(args, "upscale", 1), getattr(args, "resample", "nearest"))
         if not (parts / "request.json").is_file():
             parts.mkdir(parents=True, exist_ok=True)
             (parts / "request.json").write_text(json.dumps({**request, "seed": seed}))
-        initial = SegmentedRecording(parts, fps=fps).num_frames()
+        initial = SegmentedRecording(parts, fps=fps, upscale=upscale).num_frames()
         progress = _Progress(job.num_frames, fps, initial, quiet=args.quiet)
         rate = _RealTime(fps)
         try:
@@ -235,6 +240,7 @@ def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: P
                 out,
                 on_chunk=lambda c: progress.update(len(c.frames), rate.add(len(c.frames))),
                 on_restart=lambda r, err: print(f"\nvidgen render: {err}; restarting", file=sys.stderr),
+                upscale=upscale,
             )
         finally:
             progress.close()

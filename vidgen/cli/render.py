@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from vidgen.cli import UsageError
-from vidgen.config import tomllib
+from vidgen.config import load_config, tomllib
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -30,11 +30,33 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     )
     p.add_argument("--seconds", type=float, default=10.0, help="video length in seconds (default 10)")
     p.add_argument("--fps", type=int, help="frames per second (default: the model's)")
-    p.add_argument("--height", type=int, help="frame height in pixels")
-    p.add_argument("--width", type=int, help="frame width in pixels")
-    p.add_argument("--steps", type=int, help="sampler steps per chunk")
-    p.add_argument("--guidance", type=float, help="classifier-free guidance scale (1: off)")
-    p.add_argument("--seed", type=int, help="random seed (default: random, printed)")
+    g = load_config("default").generation  # the embedded model's defaults, for the help text
+    p.add_argument("--height", type=int, help=f"frame height in pixels (default: the model's; {g.height})")
+    p.add_argument("--width", type=int, help=f"frame width in pixels (default: the model's; {g.width})")
+    p.add_argument(
+        "--steps", type=int, help=f"sampler steps per chunk (default: the model's; {g.num_inference_steps})"
+    )
+    p.add_argument(
+        "--guidance",
+        type=float,
+        help=f"classifier-free guidance scale, 1: off (default: the model's; {g.guidance_scale:g})",
+    )
+    p.add_argument(
+        "--seed", type=int, help="random seed (default: random, printed; pass it again to reproduce)"
+    )
+    p.add_argument(
+        "--upscale",
+        type=int,
+        default=1,
+        metavar="N",
+        help="enlarge the MP4's frames N times, not the model's (default 1)",
+    )
+    p.add_argument(
+        "--resample",
+        choices=["nearest", "lanczos"],
+        default="nearest",
+        help="how --upscale enlarges (default nearest: sharp pixels)",
+    )
     p.add_argument("--config", help="a preset name or TOML file (default: the model's own)")
     p.add_argument("--model", help="a local pipeline folder or preset name (default: the embedded model)")
     p.add_argument("--transformer", help="a causal transformer checkpoint replacing the model's")
@@ -46,6 +68,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--parallel", choices=["none", "ray"], default="none", help="run on Ray (see the README)")
     p.add_argument("--sp", type=int, default=1, help="sequence-parallel degree with --parallel ray")
+    p.add_argument(
+        "--sp-kind",
+        choices=["auto", "ulysses", "ring"],
+        help="how --sp splits attention: ulysses (heads must divide by sp), ring, or auto (default: ulysses when the heads divide, else ring)",
+    )
     p.add_argument(
         "--replicas", type=int, default=1, help="pipeline replicas rendering --jobs in parallel (Ray)"
     )
@@ -119,6 +146,7 @@ def _request(args: argparse.Namespace) -> dict:
         "config": args.config,
         "set": args.set,
         "fps": args.fps,
+        "upscale": [args.upscale, args.resample],
     }
 
 
@@ -131,6 +159,8 @@ def load_pipeline(args: argparse.Namespace):
         overrides["generation.fps"] = args.fps
     if getattr(args, "transformer", None):
         overrides["model.transformer"] = args.transformer
+    if getattr(args, "sp_kind", None):
+        overrides["runtime.sp_kind"] = args.sp_kind
     try:
         return LongVideoPipeline.from_pretrained(args.model, config=args.config, **overrides)
     except (ConfigError, ModelLoadError) as err:
@@ -148,18 +178,35 @@ def _what_to_render(args: argparse.Namespace) -> None:
         raise UsageError("say what to render: a PROMPT, --prompt, --storyboard or --jobs")
 
 
+def check_numbers(args: argparse.Namespace) -> None:
+    """Numbers that can never work, refused before anything heavy is imported (so at once)."""
+    positive = ("seconds", "steps", "height", "width", "fps", "guidance", "sp", "replicas", "upscale")
+    for name in positive:
+        value = getattr(args, name, None)
+        if value is not None and not value > 0:
+            kind = "number" if isinstance(value, float) else "integer"
+            raise UsageError(f"--{name} must be a positive {kind}, got {value:g}")
+    if getattr(args, "upscale", 1) > 16:
+        raise UsageError(f"--upscale enlarges up to 16 times, got {args.upscale}")
+    if getattr(args, "seed", None) is not None and not 0 <= args.seed < 2**63:
+        raise UsageError(f"--seed must be a whole number from 0 to 2**63 - 1, got {args.seed}")
+
+
+def random_seed() -> int:
+    """The seed of a render that names none (printed, so the video can be made again)."""
+    return int(time.time() * 1000) % (2**31 - 1)
+
+
 def default_out_name(what: str) -> str:
     """``a red ball, bouncing!`` -> ``a-red-ball-bouncing.mp4`` (at most 60 characters before .mp4)."""
-    words = "".join(c if c.isalnum() else " " for c in what.lower()).split()
-    return ("-".join(words)[:60].rstrip("-") or "video") + ".mp4"
+    from vidgen.video.naming import video_file_name  # the module alone: vidgen.video imports PyAV
+
+    return video_file_name(what)
 
 
 def run(args: argparse.Namespace) -> int:
-    from vidgen.config import ConfigError
-    from vidgen.pipelines import InputError
-    from vidgen.video import SegmentedRecording
-
     _what_to_render(args)
+    check_numbers(args)
     if args.jobs:
         from vidgen.distributed.batch import render_jobs
 
@@ -169,8 +216,6 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix.lower() != ".mp4":
         raise UsageError(f"--out must end in .mp4, got {args.out}")
-    if args.seconds <= 0:
-        raise UsageError(f"--seconds must be positive, got {args.seconds}")
     parts = out.with_name(out.name + ".parts")
     request = _request(args)
     if parts.exists() and not args.resume:
@@ -187,12 +232,18 @@ def run(args: argparse.Namespace) -> int:
                 f"--resume: the arguments differ from the interrupted render's ({parts / 'request.json'})"
             )
     else:
-        seed = args.seed if args.seed is not None else int(time.time() * 1000) % (2**31 - 1)
+        seed = args.seed if args.seed is not None else random_seed()
 
     if args.parallel == "ray":
         from vidgen.distributed.render import render_with_ray
 
         return render_with_ray(args, request, seed, parts, out)
+
+    # the arguments are checked: now the heavy imports (torch, diffusers)
+    from vidgen.config import ConfigError
+    from vidgen.pipelines import InputError
+    from vidgen.pipelines.session import fit_warnings
+    from vidgen.video import SegmentedRecording, Upscale
 
     pipe = load_pipeline(args)
     try:  # check the request before anything is written
@@ -205,13 +256,17 @@ def run(args: argparse.Namespace) -> int:
         )
     except (InputError, ConfigError) as err:
         raise UsageError(str(err)) from None
+    g = pipe.config.generation
+    prompts = [p for _, p in request["storyboard"]] if request["storyboard"] else [args.prompt]
+    for warning in fit_warnings(pipe.config, prompts, args.height or g.height, args.width or g.width):
+        print(f"vidgen render: warning: {warning}", file=sys.stderr)
     if not resuming:
         try:
             parts.mkdir(parents=True, exist_ok=True)
             (parts / "request.json").write_text(json.dumps({**request, "seed": seed}))
         except OSError as err:
             raise UsageError(f"cannot write next to {out}: {err.strerror}") from None
-    recording = SegmentedRecording(parts, fps=pipe.config.generation.fps)
+    recording = SegmentedRecording(parts, fps=g.fps, upscale=Upscale(args.upscale, args.resample))
     done = len(recording.completed_chunks())
     fps = pipe.config.generation.fps
     total_frames = round(args.seconds * fps)
