@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING
 from vidgen.pipelines.session import ModelInfo, SessionBackend
 from vidgen.ui.files import ServerFiles
 from vidgen.ui.form import AUTO_BACKEND
+from vidgen.ui.live import DRIFT_LEGEND
 
 if TYPE_CHECKING:
     import gradio as gr
@@ -104,6 +105,9 @@ class ServeSettings:
     """Seconds a finished video's files are kept."""
     segment_seconds: float = 1.0
     max_lead: float = 3.0
+    upscale: int = 1
+    """The player's and the download's frames are this many times the model's."""
+    resample: str = "nearest"
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -116,6 +120,9 @@ class ServeSettings:
             raise ValueError(f"stream segments must last at least 1 s, got {self.segment_seconds}")
         if self.max_lead < 0:
             raise ValueError(f"the maximum lead must be >= 0 seconds, got {self.max_lead}")
+        from vidgen.video import Upscale
+
+        Upscale(self.upscale, self.resample)  # checks them
 
 
 def build_app(
@@ -130,7 +137,12 @@ def build_app(
     from vidgen.ui.handlers import LiveHandlers, StreamSettings
 
     settings = settings or ServeSettings()
-    handlers = LiveHandlers(backend, info, files, StreamSettings(settings.segment_seconds, settings.max_lead))
+    from vidgen.video import Upscale
+
+    stream = StreamSettings(
+        settings.segment_seconds, settings.max_lead, Upscale(settings.upscale, settings.resample)
+    )
+    handlers = LiveHandlers(backend, info, files, stream)
     g, d = info.config.generation, info.config.drift
     step = g.chunk_frames
     with gr.Blocks(
@@ -163,7 +175,7 @@ def build_app(
                     )
                     until_stopped = gr.Checkbox(label="Until stopped", value=False)
                 with gr.Row():
-                    seed = gr.Number(label="Seed (-1: random)", value=0, precision=0, minimum=-1)
+                    seed = gr.Number(label="Seed (-1: random)", value=-1, precision=0, minimum=-1)
                     steps = gr.Slider(
                         1, max(16, 2 * g.num_inference_steps), g.num_inference_steps, step=1, label="Steps"
                     )
@@ -241,6 +253,7 @@ def build_app(
                     label="Drift",
                     elem_id="drift-plot",
                 )
+                gr.Markdown(DRIFT_LEGEND, elem_id="drift-legend")
                 download = gr.File(label="Full video (MP4)", interactive=False, elem_id="download")
 
         form = [
@@ -330,6 +343,7 @@ def serve(demo: gr.Blocks, host: str, port: int | None, stop: threading.Event | 
         server_name=host,
         server_port=port,
         share=False,
+        quiet=True,  # Gradio's banner suggests share=True, which vidgen serve never uses; its URL is below
         prevent_thread_lock=True,
         show_error=True,
         ssr_mode=False,
@@ -362,6 +376,8 @@ def main(args: argparse.Namespace) -> int:
             file_ttl=args.file_ttl,
             segment_seconds=args.segment_seconds,
             max_lead=args.max_lead,
+            upscale=getattr(args, "upscale", 1),
+            resample=getattr(args, "resample", "nearest"),
         )
     except ValueError as err:
         raise UsageError(str(err)) from None
