@@ -63,3 +63,16 @@ def test_sp2_on_three_heads(tmp_path, kind):
     else:
         assert rank0.startswith("error: Ulysses sequence parallelism splits the 3 attention heads")
         assert "--sp-kind ring or auto" in rank0
+
+
+def test_the_cli_flag_reaches_every_worker_spec():
+    """``--sp-kind`` becomes ``runtime.sp_kind`` in the spec that one video's ranks and the
+    replicas of ``--jobs`` load; without it the config's own (``auto``) holds."""
+    import argparse
+
+    from vidgen.distributed.render import spec_from_args
+
+    args = argparse.Namespace(model=None, config=None, set=[], fps=None, transformer=None, sp_kind="ring")
+    assert spec_from_args(args).overrides == {"runtime.sp_kind": "ring"}
+    args.sp_kind = None
+    assert "runtime.sp_kind" not in spec_from_args(args).overrides
