@@ -476,8 +476,8 @@ class LongVideoPipeline:
             raise InputError("pass num_frames= or seconds= (stream() runs without end)")
         if output_type not in ("np", "pt", "pil", "latent"):
             raise InputError(f"output_type must be 'np', 'pt', 'pil' or 'latent', got {output_type!r}")
-        fps = self.config.replace(**kwargs["overrides"]).generation.fps if kwargs.get("overrides") else None
-        fps = fps or self.config.generation.fps
+        config = self.config.replace(**kwargs["overrides"]) if kwargs.get("overrides") else self.config
+        fps = config.generation.fps
         total = kwargs.get("num_frames") or round(kwargs["seconds"] * fps)
         chunks = []
         with self.progress_bar(total=total, unit="frame") as bar:

@@ -71,7 +71,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument(
         "--sp-kind",
         choices=["auto", "ulysses", "ring"],
-        help="how --sp splits attention: ulysses (heads must divide by sp), ring, or auto (default: ulysses when the heads divide, else ring)",
+        help="how --sp splits attention: ulysses (the heads must divide by sp), ring (any head count) "
+        "or auto (default: ulysses when the heads divide, else ring)",
     )
     p.add_argument(
         "--replicas", type=int, default=1, help="pipeline replicas rendering --jobs in parallel (Ray)"
@@ -188,8 +189,6 @@ def check_numbers(args: argparse.Namespace) -> None:
             raise UsageError(f"--{name} must be a positive {kind}, got {value:g}")
     if getattr(args, "upscale", 1) > 16:
         raise UsageError(f"--upscale enlarges up to 16 times, got {args.upscale}")
-    if getattr(args, "seed", None) is not None and not 0 <= args.seed < 2**63:
-        raise UsageError(f"--seed must be a whole number from 0 to 2**63 - 1, got {args.seed}")
 
 
 def random_seed() -> int:
