@@ -174,6 +174,7 @@ def read_jobs(path: str | Path, args: argparse.Namespace) -> list[BatchJob]:
             "config": args.config,
             "set": list(args.set) + job_set,
             "fps": args.fps,
+            "upscale": [getattr(args, "upscale", 1), getattr(args, "resample", "nearest")],
             "seed": job.seed,
         }
         jobs.append(BatchJob(number, job, out, request))
@@ -212,9 +213,10 @@ def run_batch(
     resume: bool = False,
     max_restarts: int = 3,
     on_event: Callable[[BatchEvent], None] | None = None,
+    upscale: Any = None,
 ) -> list[JobOutcome]:
     """Render ``jobs`` on ``layout.replicas`` replicas of ``layout.sp`` workers (Ray must be
-    connected). Returns one outcome per job, in file order."""
+    connected). Returns one outcome per job, in file order. ``upscale``: as ``--upscale``."""
     outcomes: dict[int, JobOutcome] = {}
     queue: collections.deque[BatchJob] = collections.deque()
     for job in jobs:
@@ -267,6 +269,7 @@ def run_batch(
                     batch_job.out,
                     max_restarts=0,
                     on_chunk=lambda chunk, b=batch_job: emit(BatchEvent("chunk", b, replica, chunk)),
+                    upscale=upscale,
                 )
             except WorkerLost as err:
                 if stopping.is_set():
@@ -416,7 +419,12 @@ def render_jobs(args: argparse.Namespace) -> int:
     started = connect(getattr(args, "address", None))
     progress = _BatchProgress(jobs, layout.replicas, args.quiet)
     try:
-        outcomes = run_batch(jobs, spec_from_args(args), layout, resume=args.resume, on_event=progress)
+        from vidgen.video import Upscale
+
+        upscale = Upscale(getattr(args, "upscale", 1), getattr(args, "resample", "nearest"))
+        outcomes = run_batch(
+            jobs, spec_from_args(args), layout, resume=args.resume, on_event=progress, upscale=upscale
+        )
     except (JobFileError, *user_errors()) as err:
         raise UsageError(str(err)) from None
     finally:
