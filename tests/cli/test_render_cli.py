@@ -62,6 +62,18 @@ def test_off_topic_prompt_and_untrained_size_warn_and_upscale_enlarges_the_file(
     assert frames.shape == (16, 96, 96, 3)
 
 
+def test_the_ray_driver_warns_too(model, tmp_path):
+    """With --parallel ray the driver loads no weights but reads the config for the warnings
+    (here before a layout error stops the render, so no Ray is started)."""
+    result = _render(
+        "--model", model, "a cat", "--parallel", "ray", "--replicas", 2, "--out", tmp_path / "x.mp4", check=False
+    )  # fmt: skip
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert "warning: the default model only knows Shapes World and does not know 'cat'" in lines[0]
+    assert "--replicas applies to batches" in lines[-1]
+
+
 def test_storyboard_file(model, tmp_path):
     board = tmp_path / "board.toml"
     board.write_text(

@@ -191,6 +191,16 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise UsageError(f"--upscale enlarges up to 16 times, got {args.upscale}")
 
 
+def print_fit_warnings(config, args: argparse.Namespace, request: dict) -> None:
+    """What the model was not made for (words, sizes), on stderr; the render goes on."""
+    from vidgen.pipelines.session import fit_warnings
+
+    g = config.generation
+    prompts = [p for _, p in request["storyboard"]] if request["storyboard"] else [args.prompt]
+    for warning in fit_warnings(config, prompts, args.height or g.height, args.width or g.width):
+        print(f"vidgen render: warning: {warning}", file=sys.stderr)
+
+
 def random_seed() -> int:
     """The seed of a render that names none (printed, so the video can be made again)."""
     return int(time.time() * 1000) % (2**31 - 1)
@@ -234,14 +244,20 @@ def run(args: argparse.Namespace) -> int:
         seed = args.seed if args.seed is not None else random_seed()
 
     if args.parallel == "ray":
+        from vidgen.config import ConfigError
         from vidgen.distributed.render import render_with_ray
+        from vidgen.pipelines.loading import ModelLoadError, resolve_model
 
+        try:  # the workers load the weights; the driver reads the config for the warnings
+            _, config = resolve_model(args.model, load_config(args.config) if args.config else None)
+            print_fit_warnings(config.replace(**parse_overrides(args.set)), args, request)
+        except (ConfigError, ModelLoadError):
+            pass  # the workers report it, as one line
         return render_with_ray(args, request, seed, parts, out)
 
     # the arguments are checked: now the heavy imports (torch, diffusers)
     from vidgen.config import ConfigError
     from vidgen.pipelines import InputError
-    from vidgen.pipelines.session import fit_warnings
     from vidgen.video import SegmentedRecording, Upscale
 
     pipe = load_pipeline(args)
@@ -255,17 +271,16 @@ def run(args: argparse.Namespace) -> int:
         )
     except (InputError, ConfigError) as err:
         raise UsageError(str(err)) from None
-    g = pipe.config.generation
-    prompts = [p for _, p in request["storyboard"]] if request["storyboard"] else [args.prompt]
-    for warning in fit_warnings(pipe.config, prompts, args.height or g.height, args.width or g.width):
-        print(f"vidgen render: warning: {warning}", file=sys.stderr)
+    print_fit_warnings(pipe.config, args, request)
     if not resuming:
         try:
             parts.mkdir(parents=True, exist_ok=True)
             (parts / "request.json").write_text(json.dumps({**request, "seed": seed}))
         except OSError as err:
             raise UsageError(f"cannot write next to {out}: {err.strerror}") from None
-    recording = SegmentedRecording(parts, fps=g.fps, upscale=Upscale(args.upscale, args.resample))
+    recording = SegmentedRecording(
+        parts, fps=pipe.config.generation.fps, upscale=Upscale(args.upscale, args.resample)
+    )
     done = len(recording.completed_chunks())
     fps = pipe.config.generation.fps
     total_frames = round(args.seconds * fps)
