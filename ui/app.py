@@ -15,8 +15,10 @@ this module loads nothing.
 
 API (``gradio_client``). ``/generate`` takes the form's fields by name and streams updates
 ``(video, frames_per_second, real_time_factor, chunks, drift, mp4, status)``; the first carries
-no video, then one per segment, and the last the MP4. ``video`` is the stream's HLS playlist
-(``is_stream``); the segments it lists are MPEG-TS files next to it::
+no video, then one per segment, and the last the MP4 (named after the prompt); a mistake in the
+form comes back as one update whose status is ``**Check the form**: ...`` (no exception).
+``video`` is the stream's HLS playlist (``is_stream``); the segments it lists are MPEG-TS files
+next to it::
 
     import httpx
     from gradio_client import Client
