@@ -39,7 +39,7 @@ from vidgen.distributed.ray_cluster import (
     rendezvous_dir,
 )
 from vidgen.distributed.ray_worker import WORK_DIR, PipelineSpec, VideoJob
-from vidgen.distributed.render import check_layout, record_video, spec_from_args, user_errors
+from vidgen.distributed.render import check_layout, record_video, spec_from_args, user_errors, user_message
 from vidgen.distributed.replica import Replica, WorkerLost
 
 _JOB_KEYS = {"prompt", "storyboard", "seconds", "seed", "height", "width", "steps", "guidance", "set", "out"}
@@ -426,7 +426,7 @@ def render_jobs(args: argparse.Namespace) -> int:
             jobs, spec_from_args(args), layout, resume=args.resume, on_event=progress, upscale=upscale
         )
     except (JobFileError, *user_errors()) as err:
-        raise UsageError(str(err)) from None
+        raise UsageError(user_message(err)) from None
     finally:
         progress.close()
         if started == "local":

@@ -163,7 +163,12 @@ class PipelineWorker:
                 sp = sequence_parallel_module()
                 heads = self.pipe.transformer.config.num_attention_heads
                 kind = sp.resolve_kind(self.pipe.config.runtime.sp_kind, heads, world_size)
-                sp.validate_degrees(self.pipe.transformer.config, world_size, 1, world_size, kind=kind)
+                try:
+                    sp.validate_degrees(self.pipe.transformer.config, world_size, 1, world_size, kind=kind)
+                except ValueError as err:  # the user's to fix: the CLI prints it as one line
+                    from vidgen.distributed.ray_cluster import DegreeError
+
+                    raise DegreeError(str(err)) from None
                 self.group = sp.init_process_group(rank, world_size, init_method, sp=world_size, kind=kind)
         except Exception as err:
             self._init_error = err

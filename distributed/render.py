@@ -176,6 +176,12 @@ def user_errors() -> tuple[type[Exception], ...]:
     return (InputError, ConfigError, ModelLoadError, DegreeError, SequenceParallelUnavailable)
 
 
+def user_message(err: Exception) -> str:
+    """The message of a user error, without the remote traceback Ray puts around one raised in a
+    worker (``RayTaskError.as_instanceof_cause`` keeps the original as ``cause``)."""
+    return str(getattr(err, "cause", None) or err)
+
+
 def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: Path, out: Path) -> int:
     """``vidgen render --parallel ray``: the request (already recorded in ``parts``) on one replica."""
     from vidgen.cli import UsageError
@@ -247,7 +253,7 @@ def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: P
     except user_errors() as err:
         if not _recorded_any(parts):
             shutil.rmtree(parts, ignore_errors=True)
-        raise UsageError(str(err)) from None
+        raise UsageError(user_message(err)) from None
     except WorkerLost as err:
         raise UsageError(f"{err}; the render can be continued with --resume") from None
     finally:
