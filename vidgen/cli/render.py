@@ -29,8 +29,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--jobs", metavar="FILE.jsonl", help="a batch: one JSON video per line (needs --parallel ray)"
     )
     p.add_argument("--seconds", type=float, default=10.0, help="video length in seconds (default 10)")
-    p.add_argument("--fps", type=int, help="frames per second (default: the model's)")
     g = load_config("default").generation  # the embedded model's defaults, for the help text
+    p.add_argument("--fps", type=int, help=f"frames per second (default: the model's; {g.fps})")
     p.add_argument("--height", type=int, help=f"frame height in pixels (default: the model's; {g.height})")
     p.add_argument("--width", type=int, help=f"frame width in pixels (default: the model's; {g.width})")
     p.add_argument(
