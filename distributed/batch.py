@@ -41,7 +41,14 @@ from vidgen.distributed.ray_cluster import (
     rendezvous_dir,
 )
 from vidgen.distributed.ray_worker import WORK_DIR, PipelineSpec, VideoJob
-from vidgen.distributed.render import check_layout, record_video, spec_from_args, start_of, user_errors
+from vidgen.distributed.render import (
+    check_layout,
+    record_video,
+    spec_from_args,
+    start_of,
+    user_errors,
+    user_message,
+)
 from vidgen.distributed.replica import Replica, WorkerLost
 
 _JOB_KEYS = {
@@ -189,6 +196,7 @@ def read_jobs(path: str | Path, args: argparse.Namespace) -> list[BatchJob]:
             "config": args.config,
             "set": list(args.set) + job_set,
             "fps": args.fps,
+            "upscale": [getattr(args, "upscale", 1), getattr(args, "resample", "nearest")],
             "seed": job.seed,
             **({"image": job.image, "video": job.video} if job.include_input else {}),
         }
@@ -228,9 +236,10 @@ def run_batch(
     resume: bool = False,
     max_restarts: int = 3,
     on_event: Callable[[BatchEvent], None] | None = None,
+    upscale: Any = None,
 ) -> list[JobOutcome]:
     """Render ``jobs`` on ``layout.replicas`` replicas of ``layout.sp`` workers (Ray must be
-    connected). Returns one outcome per job, in file order."""
+    connected). Returns one outcome per job, in file order. ``upscale``: as ``--upscale``."""
     outcomes: dict[int, JobOutcome] = {}
     queue: collections.deque[BatchJob] = collections.deque()
     for job in jobs:
@@ -283,6 +292,7 @@ def run_batch(
                     batch_job.out,
                     max_restarts=0,
                     on_chunk=lambda chunk, b=batch_job: emit(BatchEvent("chunk", b, replica, chunk)),
+                    upscale=upscale,
                 )
             except WorkerLost as err:
                 if stopping.is_set():
@@ -432,9 +442,14 @@ def render_jobs(args: argparse.Namespace) -> int:
     started = connect(getattr(args, "address", None))
     progress = _BatchProgress(jobs, layout.replicas, args.quiet)
     try:
-        outcomes = run_batch(jobs, spec_from_args(args), layout, resume=args.resume, on_event=progress)
+        from vidgen.video import Upscale
+
+        upscale = Upscale(getattr(args, "upscale", 1), getattr(args, "resample", "nearest"))
+        outcomes = run_batch(
+            jobs, spec_from_args(args), layout, resume=args.resume, on_event=progress, upscale=upscale
+        )
     except (JobFileError, *user_errors()) as err:
-        raise UsageError(str(err)) from None
+        raise UsageError(user_message(err)) from None
     finally:
         progress.close()
         if started == "local":

@@ -167,8 +167,15 @@ class PipelineWorker:
             self.pipe = spec.load()
             if world_size > 1:
                 sp = sequence_parallel_module()
-                sp.validate_degrees(self.pipe.transformer.config, world_size, 1, world_size)
-                self.group = sp.init_process_group(rank, world_size, init_method, sp=world_size)
+                heads = self.pipe.transformer.config.num_attention_heads
+                kind = sp.resolve_kind(self.pipe.config.runtime.sp_kind, heads, world_size)
+                try:
+                    sp.validate_degrees(self.pipe.transformer.config, world_size, 1, world_size, kind=kind)
+                except ValueError as err:  # the user's to fix: the CLI prints it as one line
+                    from vidgen.distributed.ray_cluster import DegreeError
+
+                    raise DegreeError(str(err)) from None
+                self.group = sp.init_process_group(rank, world_size, init_method, sp=world_size, kind=kind)
         except Exception as err:
             self._init_error = err
 

@@ -105,15 +105,17 @@ def record_video(
     max_restarts: int = 3,
     on_chunk: Callable[[Any], None] | None = None,
     on_restart: Callable[[Replica, Exception], None] | None = None,
+    upscale: Any = None,
 ) -> RecordResult:
     """Make ``job`` on ``replica`` into the recording ``parts`` and join it to ``out``.
 
     A :class:`WorkerLost` restarts the replica and continues after the last recorded chunk (at
-    most ``max_restarts`` times). Chunks already recorded are never recorded again.
+    most ``max_restarts`` times). Chunks already recorded are never recorded again. ``upscale``:
+    a factor or :class:`vidgen.video.Upscale` for the recorded frames.
     """
     from vidgen.video import SegmentedRecording
 
-    recording = SegmentedRecording(parts, fps=replica.fps)
+    recording = SegmentedRecording(parts, fps=replica.fps, upscale=upscale)
     restarts = 0
     while True:
         done = recording.completed_chunks()
@@ -156,6 +158,8 @@ def spec_from_args(args: argparse.Namespace) -> PipelineSpec:
     overrides.update(lora_overrides(args))
     if getattr(args, "quantize", None):
         overrides["runtime.quantize"] = args.quantize
+    if getattr(args, "sp_kind", None):
+        overrides["runtime.sp_kind"] = args.sp_kind
     return PipelineSpec(model=args.model, config=args.config, overrides=overrides)
 
 
@@ -185,6 +189,12 @@ def user_errors() -> tuple[type[Exception], ...]:
     from vidgen.pipelines import InputError, ModelLoadError
 
     return (InputError, ConfigError, ModelLoadError, DegreeError, SequenceParallelUnavailable)
+
+
+def user_message(err: Exception) -> str:
+    """The message of a user error, without the remote traceback Ray puts around one raised in a
+    worker (``RayTaskError.as_instanceof_cause`` keeps the original as ``cause``)."""
+    return str(getattr(err, "cause", None) or err)
 
 
 def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: Path, out: Path) -> int:
@@ -239,12 +249,13 @@ def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: P
                 f"(Ray {started}, sp {layout.sp} on {layout.world} {unit} worker(s){decoding})",
                 file=sys.stderr,
             )
-        from vidgen.video import SegmentedRecording
+        from vidgen.video import SegmentedRecording, Upscale
 
+        upscale = Upscale(getattr(args, "upscale", 1), getattr(args, "resample", "nearest"))
         if not (parts / "request.json").is_file():
             parts.mkdir(parents=True, exist_ok=True)
             (parts / "request.json").write_text(json.dumps({**request, "seed": seed}))
-        initial = SegmentedRecording(parts, fps=fps).num_frames()
+        initial = SegmentedRecording(parts, fps=fps, upscale=upscale).num_frames()
         progress = _Progress(job.num_frames, fps, initial, quiet=args.quiet)
         rate = _RealTime(fps)
         try:
@@ -255,13 +266,14 @@ def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: P
                 out,
                 on_chunk=lambda c: progress.update(len(c.frames), rate.add(len(c.frames))),
                 on_restart=lambda r, err: print(f"\nvidgen render: {err}; restarting", file=sys.stderr),
+                upscale=upscale,
             )
         finally:
             progress.close()
     except user_errors() as err:
         if not _recorded_any(parts):
             shutil.rmtree(parts, ignore_errors=True)
-        raise UsageError(str(err)) from None
+        raise UsageError(user_message(err)) from None
     except WorkerLost as err:
         raise UsageError(f"{err}; the render can be continued with --resume") from None
     finally:

@@ -112,11 +112,22 @@ def validate_degrees(
         _check_frame_tokens(frame_tokens, sp)
 
 
+def resolve_kind(kind: str, heads: int, sp: int) -> SequenceParallelKind:
+    """``runtime.sp_kind`` for a model with ``heads`` attention heads split over ``sp`` ranks:
+    ``auto`` is Ulysses when the heads divide by sp (less traffic) and ring otherwise."""
+    if kind == "auto":
+        return "ulysses" if heads % sp == 0 else "ring"
+    if kind not in KINDS:
+        raise ValueError(f"sp_kind={kind!r} is unknown; choose auto or one of {', '.join(KINDS)}")
+    return kind  # type: ignore[return-value]
+
+
 def _check_heads(heads: int, sp: int) -> None:
     if heads % sp:
         raise ValueError(
             f"Ulysses sequence parallelism splits the {heads} attention heads across sp={sp} ranks, but "
-            f"{heads} is not divisible by {sp}: use sp in ({_divisors(heads)}) or kind='ring'"
+            f"{heads} is not divisible by {sp}: use sp in ({_divisors(heads)}), or ring attention "
+            "(--sp-kind ring or auto; runtime.sp_kind)"
         )
 
 

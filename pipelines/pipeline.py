@@ -88,6 +88,15 @@ class LongVideoPipelineOutput:
     frames: Any
     """(T, H, W, 3) float in [0, 1] (np), (T, 3, H, W) tensor (pt), PIL images (pil) or latents."""
     chunks: list[ChunkMetrics] = field(default_factory=list)
+    fps: int = 16
+    """Frame rate of the video (the pipeline's ``generation.fps``)."""
+
+    def save(self, path: str | os.PathLike, *, upscale: Any = 1) -> Path:
+        """Write the video as an H.264 MP4 (``upscale``: a factor or ``vidgen.video.Upscale``
+        for a bigger file; the frames keep their size). Returns the path."""
+        from vidgen.video.export import export_to_video
+
+        return export_to_video(self.frames, path, fps=self.fps, upscale=upscale)
 
 
 class StreamControl:
@@ -138,6 +147,11 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         self._text_contexts: dict[tuple, TextContext] = {}
         self._offload_hooks: list = []
         self._quantized: str | None = None
+        self._progress_bar_config: dict[str, Any] = {}
+
+    def set_progress_bar_config(self, **kwargs: Any) -> None:
+        """tqdm options for ``__call__``'s progress bar, as in diffusers (``disable=True``: none)."""
+        self._progress_bar_config = kwargs
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -504,12 +518,20 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         return_dict: bool = True,
         **kwargs: Any,
     ) -> LongVideoPipelineOutput | tuple:
-        """The whole video at once (built on :meth:`stream`; same arguments, same frames)."""
+        """The whole video at once (built on :meth:`stream`; same arguments, same frames), with a
+        tqdm progress bar of frames made (:meth:`set_progress_bar_config` sets it up or off)."""
         if kwargs.get("num_frames") is None and kwargs.get("seconds") is None:
             raise InputError("pass num_frames= or seconds= (stream() runs without end)")
         if output_type not in ("np", "pt", "pil", "latent"):
             raise InputError(f"output_type must be 'np', 'pt', 'pil' or 'latent', got {output_type!r}")
-        chunks = list(self.stream(prompt, return_latents=output_type == "latent", **kwargs))
+        config = self.config.replace(**kwargs["overrides"]) if kwargs.get("overrides") else self.config
+        fps = config.generation.fps
+        total = kwargs.get("num_frames") or round(kwargs["seconds"] * fps)
+        chunks = []
+        with self.progress_bar(total=total, unit="frame") as bar:
+            for chunk in self.stream(prompt, return_latents=output_type == "latent", **kwargs):
+                chunks.append(chunk)
+                bar.update(len(chunk.frames))
         metrics = [c.metrics for c in chunks]
         if output_type == "latent":
             frames: Any = torch.cat([c.latents for c in chunks], dim=2)
@@ -525,7 +547,13 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
                 frames = [Image.fromarray(f) for f in video]
         if not return_dict:
             return (frames,)
-        return LongVideoPipelineOutput(frames=frames, chunks=metrics)
+        return LongVideoPipelineOutput(frames=frames, chunks=metrics, fps=fps)
+
+    def progress_bar(self, **kwargs: Any):
+        """A tqdm bar with :meth:`set_progress_bar_config`'s options on top of ``kwargs``."""
+        from tqdm.auto import tqdm
+
+        return tqdm(**{**kwargs, **self._progress_bar_config})
 
     # ------------------------------------------------------------------ helpers
     def _input_clip(self, video, image, height: int, width: int) -> _InputClip | None:

@@ -220,18 +220,35 @@ class ChunkPlan:
         return cls(chunks=chunks, mode=GenerationMode(data.pop("mode")), **data)
 
     def summary(self) -> str:
+        """One line per chunk: the video frames it makes (the last chunk's only up to the end),
+        its start time, the earlier latent frames it sees, its prompt and its drift actions."""
         lines = [
             f"{len(self.chunks)} chunks, {self.num_frames} frames at {self.fps} fps, {self.width}x{self.height}"
         ]
         for c in self.chunks:
             prompt = (
-                c.prompt
+                repr(c.prompt)
                 if c.previous_prompt is None
-                else f"{c.previous_prompt!r} -> {c.prompt!r} ({c.prompt_weight:.2f})"
+                else f"{c.previous_prompt!r} -> {c.prompt!r} ({c.prompt_weight:.0%} new)"
             )
-            acts = f" [{', '.join(a.value for a in c.actions)}]" if c.actions else ""
+            acts = f"; {', '.join(a.value.replace('_', ' ') for a in c.actions)}" if c.actions else ""
+            last = min(c.frame_end, self.num_frames) - 1
             lines.append(
-                f"  chunk {c.index:4d}  latents {c.latent_start}-{c.latent_end - 1}  frames {c.frame_start}-{c.frame_end - 1}"
-                f"  t={c.start_time:7.2f}s  context {c.context[:2]}..{c.context[-1:] if c.context else []}  {prompt}{acts}"
+                f"  chunk {c.index:4d}  frames {c.frame_start}-{last}  t={c.start_time:7.2f}s  "
+                f"latents {c.latent_start}-{c.latent_end - 1}, {_sees(c.context)}  {prompt}{acts}"
             )
         return "\n".join(lines)
+
+
+def _sees(context: list[int]) -> str:
+    """``[0, 1, 6, 7, 8, 9]`` -> ``sees latents 0-1 and 6-9``; ``[]`` -> ``sees nothing earlier``."""
+    if not context:
+        return "sees nothing earlier"
+    runs: list[list[int]] = []
+    for frame in context:
+        if runs and frame == runs[-1][1] + 1:
+            runs[-1][1] = frame
+        else:
+            runs.append([frame, frame])
+    parts = [f"{a}-{b}" if b > a else f"{a}" for a, b in runs]
+    return "sees latents " + (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0])

@@ -64,6 +64,25 @@ class SessionNotFound(KeyError):
     pass
 
 
+def fit_warnings(config: VidgenConfig, prompts: list[str], height: int, width: int) -> list[str]:
+    """What in a request the model was not made for (it still runs): prompts beyond its
+    vocabulary (``model.vocabulary``) and sizes it was not trained at (``model.trained_sizes``).
+    Every surface shows these as warnings: the CLI on stderr, the page as toasts."""
+    warnings = []
+    if config.model.vocabulary == "shapes_world":
+        from vidgen.shapes.vocabulary import prompt_warning
+
+        warnings += [w for w in map(prompt_warning, dict.fromkeys(prompts)) if w]
+    trained = config.trained_sizes()
+    if trained and (width, height) not in trained:
+        sizes = " or ".join(f"{w}x{h}" for w, h in trained)
+        warnings.append(
+            f"the model was trained at {sizes} (WxH), not {width}x{height}: expect fragments rather than "
+            f"a video; leave the size out (or set {sizes.split(' ')[0]}) for what it was made for"
+        )
+    return warnings
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """What a model accepts, derived from its pipeline (see :meth:`from_pipeline`)."""

@@ -15,8 +15,10 @@ this module loads nothing.
 
 API (``gradio_client``). ``/generate`` takes the form's fields by name and streams updates
 ``(video, frames_per_second, real_time_factor, chunks, drift, mp4, status)``; the first carries
-no video, then one per segment, and the last the MP4. ``video`` is the stream's HLS playlist
-(``is_stream``); the segments it lists are MPEG-TS files next to it::
+no video, then one per segment, and the last the MP4 (named after the prompt); a mistake in the
+form comes back as one update whose status is ``**Check the form**: ...`` (no exception).
+``video`` is the stream's HLS playlist (``is_stream``); the segments it lists are MPEG-TS files
+next to it::
 
     import httpx
     from gradio_client import Client
@@ -65,6 +67,7 @@ from typing import TYPE_CHECKING
 from vidgen.pipelines.session import ModelInfo, SessionBackend
 from vidgen.ui.files import ServerFiles
 from vidgen.ui.form import AUTO_BACKEND
+from vidgen.ui.live import DRIFT_LEGEND
 
 if TYPE_CHECKING:
     import gradio as gr
@@ -105,6 +108,9 @@ class ServeSettings:
     """Seconds a finished video's files are kept."""
     segment_seconds: float = 1.0
     max_lead: float = 3.0
+    upscale: int = 1
+    """The player's and the download's frames are this many times the model's."""
+    resample: str = "nearest"
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -117,6 +123,9 @@ class ServeSettings:
             raise ValueError(f"stream segments must last at least 1 s, got {self.segment_seconds}")
         if self.max_lead < 0:
             raise ValueError(f"the maximum lead must be >= 0 seconds, got {self.max_lead}")
+        from vidgen.video import Upscale
+
+        Upscale(self.upscale, self.resample)  # checks them
 
 
 def build_app(
@@ -131,7 +140,12 @@ def build_app(
     from vidgen.ui.handlers import LiveHandlers, StreamSettings
 
     settings = settings or ServeSettings()
-    handlers = LiveHandlers(backend, info, files, StreamSettings(settings.segment_seconds, settings.max_lead))
+    from vidgen.video import Upscale
+
+    stream = StreamSettings(
+        settings.segment_seconds, settings.max_lead, Upscale(settings.upscale, settings.resample)
+    )
+    handlers = LiveHandlers(backend, info, files, stream)
     g, d = info.config.generation, info.config.drift
     step = g.chunk_frames
     with gr.Blocks(
@@ -171,7 +185,7 @@ def build_app(
                     )
                     until_stopped = gr.Checkbox(label="Until stopped", value=False)
                 with gr.Row():
-                    seed = gr.Number(label="Seed (-1: random)", value=0, precision=0, minimum=-1)
+                    seed = gr.Number(label="Seed (-1: random)", value=-1, precision=0, minimum=-1)
                     steps = gr.Slider(
                         1, max(16, 2 * g.num_inference_steps), g.num_inference_steps, step=1, label="Steps"
                     )
@@ -249,6 +263,7 @@ def build_app(
                     label="Drift",
                     elem_id="drift-plot",
                 )
+                gr.Markdown(DRIFT_LEGEND, elem_id="drift-legend")
                 download = gr.File(label="Full video (MP4)", interactive=False, elem_id="download")
 
         form = [
@@ -338,6 +353,7 @@ def serve(demo: gr.Blocks, host: str, port: int | None, stop: threading.Event | 
         server_name=host,
         server_port=port,
         share=False,
+        quiet=True,  # Gradio's banner suggests share=True, which vidgen serve never uses; its URL is below
         prevent_thread_lock=True,
         show_error=True,
         ssr_mode=False,
@@ -370,6 +386,8 @@ def main(args: argparse.Namespace) -> int:
             file_ttl=args.file_ttl,
             segment_seconds=args.segment_seconds,
             max_lead=args.max_lead,
+            upscale=getattr(args, "upscale", 1),
+            resample=getattr(args, "resample", "nearest"),
         )
     except ValueError as err:
         raise UsageError(str(err)) from None

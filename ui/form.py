@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vidgen.pipelines import InputError
-from vidgen.pipelines.session import GenerationRequest, ModelInfo
+from vidgen.pipelines.session import GenerationRequest, ModelInfo, fit_warnings
 
 AUTO_BACKEND = "auto"
 """The attention-backend choice that lets the pipeline pick."""
@@ -35,7 +35,8 @@ class Form:
     seconds: float | None = 10.0
     until_stopped: bool = False
     seed: float | None = -1
-    """-1 or None: a random seed (the request carries the one drawn)."""
+    """-1 or None: a random seed (the request carries the one drawn, and the status shows it), as
+    ``vidgen render`` without ``--seed``."""
     height: float | None = None
     width: float | None = None
     steps: float | None = None
@@ -194,6 +195,7 @@ def build_request(form: Form, info: ModelInfo) -> tuple[GenerationRequest, list[
         info.check_size(height, width)
     except InputError as err:
         raise FormError(str(err)) from None
+    warnings += fit_warnings(info.config, [text for _, text in board], height, width)
 
     # 4. advanced: per-request config overrides, validated like a config file
     backend = (form.attention_backend or AUTO_BACKEND).strip()

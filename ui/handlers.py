@@ -3,8 +3,9 @@
 :class:`LiveHandlers` holds the server-wide pieces (the session backend, the model's limits, the
 server's folder, the stream settings) and the stop switches of the runs in progress; everything
 about one browser tab is in its ``gr.State``, which holds the id of the session it is playing.
-Bad input raises ``gr.Error`` with the message of a :class:`~vidgen.ui.form.FormError` or
-:class:`~vidgen.pipelines.InputError`; the server keeps serving.
+Bad input (a :class:`~vidgen.ui.form.FormError` or :class:`~vidgen.pipelines.InputError`) is one
+message in the status line, the other outputs left as they were and nothing in the server log;
+only a failure of generation itself raises ``gr.Error`` (and is logged).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from vidgen.pipelines import InputError
 from vidgen.pipelines.session import GenerationRequest, ModelInfo, SessionBackend
 from vidgen.ui.files import ServerFiles
 from vidgen.ui.form import Form, FormError, build_request
-from vidgen.ui.live import LiveStats, LiveUpdate, live_stream, stop_session
+from vidgen.ui.live import ACTION_NAMES, LiveStats, LiveUpdate, live_stream, stop_session
+from vidgen.video import Upscale
+from vidgen.video.naming import video_file_name
 
 logger = logging.getLogger("vidgen.ui")
 
@@ -33,6 +36,8 @@ class StreamSettings:
     """Length of each stream segment (>= 1 s)."""
     max_lead: float = 3.0
     """Seconds of video generation may run ahead of the stream (0: no limit)."""
+    upscale: Upscale | int | None = None
+    """Enlarges the player's segments and the MP4 (``vidgen serve --upscale``)."""
 
 
 def drift_table(stats: LiveStats | None):
@@ -57,12 +62,13 @@ def describe(stats: LiveStats, update: LiveUpdate | None = None, seed: int | Non
     """The status line under the video."""
     if update is not None and update.done:
         verb = "Stopped" if update.stopped else "Done"
-        text = f"**{verb}**: {stats.video_seconds:.1f} s of video in {stats.chunks} chunks."
+        text = f"**{verb}**: {stats.video_seconds:.1f} s of video in {stats.chunks} chunks"
+        text += f", seed {seed}." if seed is not None else "."
         return text + (" Download the MP4 below." if update.video is not None else "")
     text = f"**Streaming** {stats.video_seconds:.1f} s, chunk {stats.chunks}: *{stats.prompt}*"
-    notes = [a.replace("_", " ") for a in stats.actions]
+    notes = [ACTION_NAMES.get(a, a.replace("_", " ")) for a in stats.actions]
     if stats.frozen:
-        notes.append("frozen")
+        notes.append("the picture froze")
     if notes:
         text += f" ({', '.join(notes)})"
     if seed is not None:
@@ -132,16 +138,23 @@ class LiveHandlers:
         try:
             request, warnings = build_request(form, self.info)
         except FormError as err:
-            raise gr.Error(str(err), title="Check the form") from None
+            yield self._message(f"**Check the form**: {err}")
+            return
         for warning in warnings:
             gr.Warning(warning)
         yield from self._stream(request)
+
+    @staticmethod
+    def _message(status: str) -> tuple:
+        """An update that only says ``status`` (the video, figures and download stay as they are)."""
+        return (gr.skip(),) * 6 + (status, gr.skip())
 
     def _stream(self, request: GenerationRequest) -> Iterator[tuple]:
         try:
             session_id = self.backend.open(request)
         except (InputError, ConfigError) as err:
-            raise gr.Error(str(err), title="Cannot generate this") from None
+            yield self._message(f"**Cannot generate this**: {err}")
+            return
         folder = self.files.new_run()
         stop_event = threading.Event()
         with self._lock:
@@ -159,6 +172,8 @@ class LiveHandlers:
                 max_lead=self.settings.max_lead,
                 stop_event=stop_event,
                 planned_seconds=request.seconds,
+                file_name=video_file_name(request.prompt or request.storyboard[0][1]),
+                upscale=self.settings.upscale,
             )
             for update in updates:
                 stats = update.stats

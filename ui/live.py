@@ -24,12 +24,32 @@ from pathlib import Path
 
 from vidgen.pipelines import VideoChunk
 from vidgen.pipelines.session import SessionBackend
-from vidgen.video import Mp4Writer, SegmentWriter
+from vidgen.video import Mp4Writer, SegmentWriter, Upscale
 
 logger = logging.getLogger("vidgen.ui")
 
-DRIFT_MEASURES = ("stats_distance", "change_energy", "repetition")
-"""The per-chunk drift measures plotted (see ``vidgen.pipelines.drift.DriftMeasures``)."""
+DRIFT_MEASURES = {
+    "stats_distance": "colour drift",
+    "change_energy": "motion",
+    "repetition": "repetition",
+}
+"""The per-chunk drift measures plotted (``vidgen.pipelines.drift.DriftMeasures``) and the plain
+names the plot shows them under."""
+
+DRIFT_LEGEND = (
+    "**colour drift**: how far colours and brightness have wandered from the opening (bad: climbing "
+    "past 1 and staying there). **motion**: how much changes from frame to frame (bad: near 0, the "
+    "picture froze). **repetition**: likeness to an earlier chunk (bad: near 1, the video loops)."
+)
+"""The one-line legend under the plot: what each measure watches and what a bad value looks like."""
+
+ACTION_NAMES = {
+    "anchor_correction": "colours pulled back towards the opening's",
+    "recache_prompt": "context re-read under the new prompt",
+    "recache_periodic": "context refreshed",
+    "reanchor": "new colour reference",
+}
+"""What the status line says for a chunk's drift actions (``ChunkMetrics.actions``)."""
 
 
 @dataclass
@@ -73,10 +93,10 @@ class LiveStats:
         drift = chunk.metrics.drift
         if drift is not None:
             self.frozen = drift.frozen
-            for name in DRIFT_MEASURES:
+            for name, label in DRIFT_MEASURES.items():
                 value = float(getattr(drift, name))
                 if math.isfinite(value):
-                    self.drift.append((chunk.index, name, value))
+                    self.drift.append((chunk.index, label, value))
 
 
 @dataclass
@@ -92,14 +112,24 @@ class LiveUpdate:
 
 
 class LiveRecorder:
-    """Cuts frames into stream segments and writes them to ``folder/video.mp4`` too."""
+    """Cuts frames into stream segments and writes them to ``folder/<file_name>`` too, both
+    enlarged by ``upscale`` (a factor or :class:`~vidgen.video.Upscale`)."""
 
-    def __init__(self, folder: Path, fps: int, segment_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        fps: int,
+        segment_seconds: float = 1.0,
+        file_name: str = "video.mp4",
+        upscale: Upscale | int | None = None,
+    ) -> None:
         if segment_seconds < 1:
             raise ValueError(f"stream segments must last at least 1 s, got {segment_seconds}")
         self.folder = Path(folder)
-        self.segments = SegmentWriter(self.folder, fps, segment_frames=math.ceil(segment_seconds * fps))
-        self.mp4 = Mp4Writer(self.folder / "video.mp4", fps)
+        self.segments = SegmentWriter(
+            self.folder, fps, segment_frames=math.ceil(segment_seconds * fps), upscale=upscale
+        )
+        self.mp4 = Mp4Writer(self.folder / file_name, fps, upscale=upscale)
 
     def add(self, frames) -> list[Path]:
         if len(frames) == 0:
@@ -130,6 +160,8 @@ def live_stream(
     stop_event: threading.Event | None = None,
     planned_seconds: float | None = None,
     clock: Callable[[], float] = time.monotonic,
+    file_name: str = "video.mp4",
+    upscale: Upscale | int | None = None,
 ) -> Iterator[LiveUpdate]:
     """Yields one :class:`LiveUpdate` per completed segment, then a last one with the MP4.
 
@@ -137,10 +169,11 @@ def live_stream(
     after ``backend.stop``/``stop_event``, on an error, or when the consumer closes this
     generator (a client that went away). Each segment file is deleted once the consumer asks for
     the next update (a streaming player has taken it by then). ``max_lead`` None or 0: no pacing.
+    ``file_name``: the downloadable MP4's name; ``upscale``: enlarges segments and MP4.
     """
     stop_event = stop_event or threading.Event()
     stats = LiveStats(fps=float(fps))
-    recorder = LiveRecorder(folder, fps, segment_seconds)
+    recorder = LiveRecorder(folder, fps, segment_seconds, file_name, upscale)
     try:
         chunks = backend.chunks(session_id)
     except KeyError:  # SessionNotFound: stopped, and so closed, before its first chunk

@@ -24,12 +24,14 @@ _LAZY = {
     "KVCache": "vidgen.models",
     "dispatch_attention": "vidgen.attention",
     "AttentionPattern": "vidgen.attention",
+    "export_to_video": "vidgen.video",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from vidgen.attention import AttentionPattern, dispatch_attention
     from vidgen.models import CausalWanTransformer, KVCache
     from vidgen.pipelines import LongVideoPipeline, VideoChunk
+    from vidgen.video import export_to_video
 
 
 def __getattr__(name: str) -> Any:
@@ -49,4 +51,5 @@ __all__ = [  # noqa: F822 - resolved lazily by __getattr__
     "VideoChunk",
     "__version__",
     "dispatch_attention",
+    "export_to_video",
 ]

@@ -52,6 +52,8 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 Autocast = Literal["auto", "off", "bfloat16"]
 Device = Literal["auto", "cpu", "cuda"]
 Quantize = Literal["none", "int8", "fp8"]
+Vocabulary = Literal["", "shapes_world"]
+SequenceParallelKind = Literal["auto", "ulysses", "ring"]
 
 
 @dataclass
@@ -75,8 +77,19 @@ class ModelConfig:
     text_conditioning: TextConditioning = "single"
     """``with_previous``: the model reads ``[prompt ‖ previous prompt]`` and learned to apply what
     changed while a prompt change is fresh (the embedded model); ``single``: the prompt alone."""
+    vocabulary: Vocabulary = ""
+    """What the weights understand: ``shapes_world`` (the embedded model: prompts get a warning
+    naming the words it does not know); empty: open text, no check."""
+    trained_sizes: str = ""
+    """Frame sizes the weights were trained at, ``WxH`` comma-separated (e.g. ``64x64``); other
+    sizes get a warning. Empty: any size."""
 
     def __post_init__(self) -> None:
+        _check_choice("model.vocabulary", self.vocabulary, get_args(Vocabulary))
+        for size in filter(None, (s.strip() for s in self.trained_sizes.split(","))):
+            w, x, h = size.partition("x")
+            if not (x and w.isdigit() and h.isdigit()):
+                raise ConfigError(f"model.trained_sizes: {size!r} is not WxH, e.g. '64x64'")
         _check_choice("model.text_encoder", self.text_encoder, get_args(TextEncoderKind))
         _check_choice("model.vae", self.vae, get_args(VaeKind))
         _check_choice("model.text_conditioning", self.text_conditioning, get_args(TextConditioning))
@@ -219,8 +232,13 @@ class RuntimeConfig:
     GPU), ``fp8`` (fp8 matmuls on GPUs of compute capability >= 8.9, emulated elsewhere)."""
     quantize_text_encoder: bool = False
     """Quantize the text encoder's linear layers the same way (with ``quantize`` set)."""
+    sp_kind: SequenceParallelKind = "auto"
+    """Sequence parallelism (``--sp`` > 1): ``ulysses`` splits the attention heads (their number
+    must divide by sp), ``ring`` passes keys/values around (any head count), ``auto`` takes
+    Ulysses when the heads divide and ring otherwise."""
 
     def __post_init__(self) -> None:
+        _check_choice("runtime.sp_kind", self.sp_kind, get_args(SequenceParallelKind))
         _check_choice("runtime.device", self.device, get_args(Device))
         _check_choice("runtime.quantize", self.quantize, get_args(Quantize))
         _check_choice("runtime.dtype", self.dtype, get_args(Dtype))
@@ -255,6 +273,11 @@ class VidgenConfig:
                 raise ConfigError(f"{source}: [{name}] must be a table")
             kwargs[name] = _build(hints[name], table, f"{source}: {name}")
         return cls(**kwargs)
+
+    def trained_sizes(self) -> list[tuple[int, int]]:
+        """``model.trained_sizes`` as ``[(width, height), ...]`` (empty: any size)."""
+        sizes = filter(None, (s.strip() for s in self.model.trained_sizes.split(",")))
+        return [(int(w), int(h)) for w, _, h in (s.partition("x") for s in sizes)]
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

@@ -44,6 +44,36 @@ def test_positional_prompt_and_default_name(model, tmp_path):
     assert (info["frames"], info["width"]) == (16, 64)
 
 
+def test_off_topic_prompt_and_untrained_size_warn_and_upscale_enlarges_the_file(model, tmp_path):
+    """The tiny model carries the default model's config: Shapes World words, trained at 64x64."""
+    out = tmp_path / "cat.mp4"
+    result = _render(
+        "--model", model, "a cat playing the piano, cinematic", "--seconds", 1, "--seed", 1,
+        "--height", 32, "--width", 32, "--upscale", 3, "--out", out,
+    )  # fmt: skip
+    warnings = [line for line in result.stderr.splitlines() if "warning:" in line]
+    assert len(warnings) == 2, result.stderr
+    assert "does not know 'cat', 'playing', 'piano', 'cinematic'" in warnings[0]
+    assert "trained at 64x64 (WxH), not 32x32" in warnings[1]
+    info = probe_video(out)
+    assert (info["frames"], info["width"], info["height"]) == (16, 96, 96)
+    # the model made 32x32 frames: each is a 3x3 block in the file
+    frames, _ = read_video(out)
+    assert frames.shape == (16, 96, 96, 3)
+
+
+def test_the_ray_driver_warns_too(model, tmp_path):
+    """With --parallel ray the driver loads no weights but reads the config for the warnings
+    (here before a layout error stops the render, so no Ray is started)."""
+    result = _render(
+        "--model", model, "a cat", "--parallel", "ray", "--replicas", 2, "--out", tmp_path / "x.mp4", check=False
+    )  # fmt: skip
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert "warning: the default model only knows Shapes World and does not know 'cat'" in lines[0]
+    assert "--replicas applies to batches" in lines[-1]
+
+
 def test_storyboard_file(model, tmp_path):
     board = tmp_path / "board.toml"
     board.write_text(
@@ -94,7 +124,7 @@ def test_sigkill_then_resume_equals_uninterrupted(model, tmp_path):
         (["--prompt", " ", "--seconds", 2], "prompt is empty"),
         ([PROMPT, "--prompt", PROMPT], "give the prompt once"),
         (["--seconds", 2], "say what to render"),
-        (["--prompt", PROMPT, "--seconds", -2], "--seconds must be positive"),
+        (["--prompt", PROMPT, "--seconds", -2], "--seconds must be a positive number, got -2"),
         (["--prompt", PROMPT, "--seconds", 1e9], "video length"),
         (["--prompt", PROMPT, "--height", 50], "multiples of 8"),
         (["--prompt", PROMPT, "--set", "generation.windw=3"], "unknown key 'windw'"),

@@ -161,3 +161,22 @@ def test_ray_continuation_equals_single_process(ray_cluster, tiny_model_dir, tmp
     frames = read_video(ray)[0]
     assert frames.shape == (9 + 16, 64, 64, 3)  # the clip, then a second
     assert_decoded_match(frames, read_video(single)[0])
+
+
+def test_sp2_on_three_heads_takes_ring_and_ulysses_is_one_line(ray_cluster, tmp_path, capsys):
+    """The default model has 3 heads: ``--sp 2`` (``--sp-kind auto``) runs on ring attention;
+    ``--sp-kind ulysses`` is refused in one line (the worker's error, not Ray's traceback)."""
+    from tests.distributed.test_sp_kind import _three_heads
+
+    model = tmp_path / "three"
+    _three_heads(model)
+    out = tmp_path / "ring.mp4"
+    assert main([*_argv(model, out, "--parallel", "ray", "--sp", "2"), "--seconds", "1"]) == 0
+    assert read_video(out)[0].shape == (16, 64, 64, 3)
+    capsys.readouterr()
+    bad = tmp_path / "ulysses.mp4"
+    assert main(_argv(model, bad, "--parallel", "ray", "--sp", "2", "--sp-kind", "ulysses")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vidgen render: error: Ulysses sequence parallelism splits the 3 attention heads")
+    assert len(err.splitlines()) == 1 and "--sp-kind ring or auto" in err
+    assert not (tmp_path / "ulysses.mp4.parts").exists()

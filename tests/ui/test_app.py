@@ -52,3 +52,12 @@ def test_the_video_streams_and_each_tab_has_its_own_state(demo):
     assert video.streaming and video.autoplay
     (state,) = [b for b in demo.blocks.values() if isinstance(b, gr.State)]
     assert state.value is None and state.delete_callback is not None
+
+
+def test_serve_settings_check_the_upscale():
+    """``vidgen serve --upscale`` is checked before the model loads (main prints it as one line)."""
+    assert ServeSettings(upscale=4, resample="lanczos").upscale == 4
+    with pytest.raises(ValueError, match="whole number from 1 to 16"):
+        ServeSettings(upscale=0)
+    with pytest.raises(ValueError, match="'nearest' or 'lanczos'"):
+        ServeSettings(upscale=2, resample="cubic")

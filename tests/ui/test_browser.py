@@ -92,7 +92,8 @@ def test_generate_watch_change_prompt_stop(server, tmp_path):
             poll(lambda: "Stopped" in page.locator("#status").inner_text(), 20, "the stream to stop")
             link = page.locator("#download a").first
             link.wait_for(timeout=20_000)
-            assert link.get_attribute("href").endswith("video.mp4")
+            # named after the prompt, as vidgen render names its file
+            assert link.get_attribute("href").endswith("a-red-circle-moving-left-on-a-black-background.mp4")
             assert int(page.locator("#chunks input").input_value()) > 0
             assert float(page.locator("#rtf input").input_value()) > 0
             state = video_state(page)
@@ -107,3 +108,24 @@ def test_generate_watch_change_prompt_stop(server, tmp_path):
         finally:
             browser.close()
     assert (tmp_path / "page.png").stat().st_size > 10_000
+
+
+def test_a_form_error_is_one_message_in_the_status(server):
+    """Before: a red "Error" on each of the six output panels and the status left at "Press
+    Generate to start"."""
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1100})
+            page.goto(server.url, timeout=60_000)
+            page.wait_for_selector("#generate", timeout=60_000)
+            assert "colour drift" in page.locator("#drift-legend").inner_text()
+            page.locator("#prompt textarea").fill("   ")
+            page.click("#generate")
+            poll(lambda: "Check the form" in page.locator("#status").inner_text(), 20, "the message")
+            assert "the prompt is empty" in page.locator("#status").inner_text()
+            time.sleep(1)  # an error would have marked the panels by now
+            assert page.get_by_text("Error", exact=True).count() == 0
+            assert page.locator(".toast-body.error").count() == 0
+        finally:
+            browser.close()

@@ -1,5 +1,7 @@
 """The page's form: storyboard parsing and every check that turns a bad field into a message."""
 
+import dataclasses
+
 import pytest
 
 from vidgen.shapes.prompts import parse_prompt
@@ -68,8 +70,26 @@ def test_length_seed_and_late_rows(info):
     request, _ = build_request(Form(prompt=PROMPT, seed=-1), info)
     other, _ = build_request(Form(prompt=PROMPT, seed=None), info)
     assert 0 <= request.seed < 2**31 and 0 <= other.seed < 2**31  # drawn, so it can be shown
-    _, warnings = build_request(Form(prompt=PROMPT, storyboard=[[5, "later"]], seconds=4), info)
+    later = "a blue square moving up on a white background"
+    _, warnings = build_request(Form(prompt=PROMPT, storyboard=[[5, later]], seconds=4), info)
     assert len(warnings) == 1 and "after the video ends" in warnings[0]
+
+
+def test_words_and_sizes_the_model_was_not_made_for_warn(info):
+    """The tiny model's config is the default model's: Shapes World words, trained at 64x64."""
+    request, warnings = build_request(Form(prompt="a cat playing the piano, cinematic"), info)
+    assert request.prompt == "a cat playing the piano, cinematic" and len(warnings) == 1
+    assert "does not know 'cat', 'playing', 'piano', 'cinematic'" in warnings[0]
+    assert "shapes (circle, square, triangle)" in warnings[0] and "backgrounds (black" in warnings[0]
+    _, warnings = build_request(Form(prompt=PROMPT, height=128, width=128), info)
+    assert warnings == [
+        "the model was trained at 64x64 (WxH), not 128x128: expect fragments rather than a video; "
+        "leave the size out (or set 64x64) for what it was made for"
+    ]
+    other = dataclasses.replace(
+        info, config=info.config.replace(**{"model.vocabulary": "", "model.trained_sizes": ""})
+    )
+    assert build_request(Form(prompt="a cat playing the piano", height=128, width=128), other)[1] == []
 
 
 @pytest.mark.parametrize(

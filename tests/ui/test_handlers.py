@@ -60,9 +60,15 @@ def handlers(tiny_sessions, files):
         ({"window_frames": 3}, "multiple of chunk_frames"),
     ],
 )
-def test_bad_input_is_a_message_not_a_crash(handlers, tiny_sessions, fields, message):
-    with pytest.raises(gr.Error, match=message):
-        next(handlers.generate(**form(**fields)))
+def test_bad_input_is_a_message_not_a_crash(handlers, tiny_sessions, fields, message, caplog):
+    """One message in the status line; the video, figures, plot and download keep what they show
+    (no "Error" on each of them), and the server log gets nothing."""
+    updates = list(handlers.generate(**form(**fields)))
+    assert len(updates) == 1
+    *panels, status, session = updates[0]
+    assert status.startswith("**Check the form**: ") and message in status
+    assert all(panel == gr.skip() for panel in panels) and session == gr.skip()
+    assert not caplog.records
     assert tiny_sessions.active == 0 and not list(handlers.files.runs_dir.iterdir())
 
 
@@ -74,9 +80,13 @@ def test_a_stream_from_start_to_mp4(handlers, tiny_sessions, files):
     assert len(segments) >= 2 and all(u[-1] == session_id for u in updates)
     assert all(str(u[0]).endswith(".ts") for u in segments)
     video, fps, rtf, chunks, drift, download, status, _ = last
-    assert download.endswith("video.mp4") and files.contains(download)
+    # named after the prompt, as vidgen render names its file
+    assert download.endswith("/a-red-circle-moving-left-on-a-black-background.mp4") and files.contains(
+        download
+    )
     assert status.startswith("**Done**: 3.0 s of video") and chunks == 7 and fps > 0 and rtf > 0
-    assert set(drift["measure"]) == {"stats_distance", "change_energy", "repetition"}
+    assert status.endswith("seed 0. Download the MP4 below.")
+    assert set(drift["measure"]) == {"colour drift", "motion", "repetition"}
     assert drift["chunk"].max() == 6
     assert tiny_sessions.active == 0 and not handlers.running(session_id)
 
@@ -92,7 +102,7 @@ def test_prompt_change_and_stop_while_streaming(handlers, tiny_sessions):
     assert NEW_PROMPT in statuses[-1]  # applied from the next chunk
     assert handlers.stop(session_id).startswith("Stopping")
     rest = list(stream)
-    assert rest[-1][6].startswith("**Stopped**") and rest[-1][5].endswith("video.mp4")
+    assert rest[-1][6].startswith("**Stopped**") and rest[-1][5].endswith("background.mp4")
     assert tiny_sessions.active == 0 and not handlers.running(session_id)
     assert "Nothing is being generated" in handlers.change_prompt(NEW_PROMPT, session_id)
 
@@ -123,6 +133,28 @@ def test_errors_inside_generation_become_messages(files):
 def test_late_storyboard_rows_warn(handlers):
     with pytest.warns(UserWarning, match="after the video ends"):
         next(handlers.generate(**form(seconds=2, storyboard=[[5, NEW_PROMPT]])))
+
+
+def test_prompts_and_sizes_the_default_model_does_not_know_warn(handlers):
+    with pytest.warns(UserWarning) as caught:
+        next(handlers.generate(**form(prompt="a cat playing the piano, cinematic", height=32, width=32)))
+    messages = [str(w.message) for w in caught]
+    assert any("does not know 'cat', 'playing', 'piano', 'cinematic'" in m for m in messages), messages
+    assert any("trained at 64x64 (WxH), not 32x32" in m for m in messages), messages
+
+
+def test_upscaled_player_and_download(tiny_sessions, files):
+    from vidgen.video import Upscale, read_video
+
+    settings = StreamSettings(max_lead=0, upscale=Upscale(3))
+    handlers = LiveHandlers(tiny_sessions, tiny_sessions.info, files, settings)
+    segments = []
+    for update in handlers.generate(**form(seconds=1)):
+        if isinstance(update[0], str):  # a segment is read before the next update deletes it
+            segments.append(read_video(update[0])[0])
+    video, _ = read_video(update[5])
+    assert segments and all(s.shape[1:3] == (192, 192) for s in segments)
+    assert video.shape == (16, 192, 192, 3)
 
 
 def _info():

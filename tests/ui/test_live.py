@@ -87,8 +87,8 @@ def test_segments_are_whole_seconds_on_keyframes_with_continuous_time(tmp_path):
         stats.frames_per_second / FPS
     )
     assert [row for row in stats.drift if row[0] == 2] == [
-        (2, "stats_distance", 0.2),
-        (2, "change_energy", 0.01),
+        (2, "colour drift", 0.2),
+        (2, "motion", 0.01),
     ] + [(2, "repetition", 0.5)]
     assert backend.open_sessions == set() and backend.stopped == ["s"]
 

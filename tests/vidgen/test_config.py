@@ -34,6 +34,9 @@ def test_wan_preset_matches_the_causal_systems():
         ({"drift": {"anchor_strength": 2}}, "anchor_strength"),
         ({"runtime": {"attention_backend": "magic"}}, "attention_backend"),
         ({"model": {"vae": "sd"}}, "model.vae"),
+        ({"model": {"vocabulary": "english"}}, "model.vocabulary='english' is not one of"),
+        ({"model": {"trained_sizes": "64"}}, "model.trained_sizes: '64' is not WxH"),
+        ({"runtime": {"sp_kind": "tree"}}, "runtime.sp_kind='tree' is not one of 'auto', 'ulysses', 'ring'"),
     ],
 )
 def test_bad_values_are_named(data, message):
@@ -55,3 +58,15 @@ def test_overrides_and_files(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "missing.toml")
+
+
+def test_the_default_model_says_what_it_was_made_for():
+    from vidgen.pipelines.loading import _folder_config, default_model_dir
+
+    for config in (load_config("default"), _folder_config(default_model_dir())):
+        assert config.model.vocabulary == "shapes_world" and config.trained_sizes() == [(64, 64)]
+        assert config.runtime.sp_kind == "auto"
+    wan = load_config("wan2.1-t2v-1.3b-causal")
+    assert wan.model.vocabulary == "" and wan.trained_sizes() == []
+    sizes = VidgenConfig.from_dict({"model": {"trained_sizes": "832x480, 480x832"}})
+    assert sizes.trained_sizes() == [(832, 480), (480, 832)]

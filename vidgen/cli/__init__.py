@@ -1,7 +1,8 @@
 """The ``vidgen`` command line: one module per subcommand, each with ``add_parser`` and ``run``.
 
 User errors raise :class:`UsageError`; ``main`` prints its one-line message and exits with status 2
-(no traceback).
+(no traceback). Arguments are parsed and checked before anything heavy (torch, diffusers) is
+imported, so a mistake is reported at once; the subcommands import the stack inside ``run``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vidgen import __version__
+
     parser = argparse.ArgumentParser(prog="vidgen", description="Long-form video generation.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, module_name in _COMMANDS.items():

@@ -6,6 +6,8 @@ import argparse
 import importlib.metadata
 import platform
 import shutil
+from importlib import resources
+from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -26,7 +28,6 @@ def run(args: argparse.Namespace) -> int:
     import vidgen
     from vidgen.attention import backend_status
     from vidgen.config import preset_names
-    from vidgen.pipelines.loading import default_model_dir
 
     print(f"vidgen {vidgen.__version__}  (python {platform.python_version()}, {platform.machine()})")
     packages = ["torch", "diffusers", "transformers", "av", "gradio", "ray", "flash-attn", "xformers"]
@@ -49,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     for tool in ("ffmpeg", "ffprobe"):
         print(f"{tool}: {shutil.which(tool) or 'not on PATH (needed by the Gradio streaming player)'}")
 
-    folder = default_model_dir()
+    # the folder, not vidgen.pipelines.loading.default_model_dir: that imports the whole pipeline stack
+    folder = Path(str(resources.files("vidgen.default_model")))
     files = [p for p in folder.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".json")]
     if (folder / "model_index.json").is_file():
         size = sum(p.stat().st_size for p in files) / 2**20

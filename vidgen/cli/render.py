@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from vidgen.cli import UsageError
-from vidgen.config import tomllib
+from vidgen.config import load_config, tomllib
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -29,12 +29,34 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--jobs", metavar="FILE.jsonl", help="a batch: one JSON video per line (needs --parallel ray)"
     )
     p.add_argument("--seconds", type=float, default=10.0, help="video length in seconds (default 10)")
-    p.add_argument("--fps", type=int, help="frames per second (default: the model's)")
-    p.add_argument("--height", type=int, help="frame height in pixels")
-    p.add_argument("--width", type=int, help="frame width in pixels")
-    p.add_argument("--steps", type=int, help="sampler steps per chunk")
-    p.add_argument("--guidance", type=float, help="classifier-free guidance scale (1: off)")
-    p.add_argument("--seed", type=int, help="random seed (default: random, printed)")
+    g = load_config("default").generation  # the embedded model's defaults, for the help text
+    p.add_argument("--fps", type=int, help=f"frames per second (default: the model's; {g.fps})")
+    p.add_argument("--height", type=int, help=f"frame height in pixels (default: the model's; {g.height})")
+    p.add_argument("--width", type=int, help=f"frame width in pixels (default: the model's; {g.width})")
+    p.add_argument(
+        "--steps", type=int, help=f"sampler steps per chunk (default: the model's; {g.num_inference_steps})"
+    )
+    p.add_argument(
+        "--guidance",
+        type=float,
+        help=f"classifier-free guidance scale, 1: off (default: the model's; {g.guidance_scale:g})",
+    )
+    p.add_argument(
+        "--seed", type=int, help="random seed (default: random, printed; pass it again to reproduce)"
+    )
+    p.add_argument(
+        "--upscale",
+        type=int,
+        default=1,
+        metavar="N",
+        help="enlarge the MP4's frames N times, not the model's (default 1)",
+    )
+    p.add_argument(
+        "--resample",
+        choices=["nearest", "lanczos"],
+        default="nearest",
+        help="how --upscale enlarges (default nearest: sharp pixels)",
+    )
     p.add_argument("--config", help="a preset name or TOML file (default: the model's own)")
     p.add_argument("--model", help="a local pipeline folder or preset name (default: the embedded model)")
     p.add_argument("--transformer", help="a causal transformer checkpoint replacing the model's")
@@ -57,6 +79,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--parallel", choices=["none", "ray"], default="none", help="run on Ray (see the README)")
     p.add_argument("--sp", type=int, default=1, help="sequence-parallel degree with --parallel ray")
+    p.add_argument(
+        "--sp-kind",
+        choices=["auto", "ulysses", "ring"],
+        help="how --sp splits attention: ulysses (the heads must divide by sp), ring (any head count) "
+        "or auto (default: ulysses when the heads divide, else ring)",
+    )
     p.add_argument(
         "--replicas", type=int, default=1, help="pipeline replicas rendering --jobs in parallel (Ray)"
     )
@@ -132,6 +160,7 @@ def _request(args: argparse.Namespace) -> dict:
         "set": args.set,
         "fps": args.fps,
         **{k: getattr(args, k) for k in ("quantize", "image", "continue_from") if getattr(args, k, None)},
+        "upscale": [args.upscale, args.resample],
     }
 
 
@@ -147,6 +176,8 @@ def load_pipeline(args: argparse.Namespace):
     overrides.update(lora_overrides(args))
     if getattr(args, "quantize", None):
         overrides["runtime.quantize"] = args.quantize
+    if getattr(args, "sp_kind", None):
+        overrides["runtime.sp_kind"] = args.sp_kind
     try:
         return LongVideoPipeline.from_pretrained(args.model, config=args.config, **overrides)
     except (ConfigError, ModelLoadError) as err:
@@ -195,18 +226,43 @@ def read_start(args: argparse.Namespace):
     return frames
 
 
+def check_numbers(args: argparse.Namespace) -> None:
+    """Numbers that can never work, refused before anything heavy is imported (so at once)."""
+    positive = ("seconds", "steps", "height", "width", "fps", "guidance", "sp", "replicas", "upscale")
+    for name in positive:
+        value = getattr(args, name, None)
+        if value is not None and not value > 0:
+            kind = "number" if isinstance(value, float) else "integer"
+            raise UsageError(f"--{name} must be a positive {kind}, got {value:g}")
+    if getattr(args, "upscale", 1) > 16:
+        raise UsageError(f"--upscale enlarges up to 16 times, got {args.upscale}")
+
+
+def print_fit_warnings(config, args: argparse.Namespace, request: dict) -> None:
+    """What the model was not made for (words, sizes), on stderr; the render goes on."""
+    from vidgen.pipelines.session import fit_warnings
+
+    g = config.generation
+    prompts = [p for _, p in request["storyboard"]] if request["storyboard"] else [args.prompt]
+    for warning in fit_warnings(config, prompts, args.height or g.height, args.width or g.width):
+        print(f"vidgen render: warning: {warning}", file=sys.stderr)
+
+
+def random_seed() -> int:
+    """The seed of a render that names none (printed, so the video can be made again)."""
+    return int(time.time() * 1000) % (2**31 - 1)
+
+
 def default_out_name(what: str) -> str:
     """``a red ball, bouncing!`` -> ``a-red-ball-bouncing.mp4`` (at most 60 characters before .mp4)."""
-    words = "".join(c if c.isalnum() else " " for c in what.lower()).split()
-    return ("-".join(words)[:60].rstrip("-") or "video") + ".mp4"
+    from vidgen.video.naming import video_file_name  # the module alone: vidgen.video imports PyAV
+
+    return video_file_name(what)
 
 
 def run(args: argparse.Namespace) -> int:
-    from vidgen.config import ConfigError
-    from vidgen.pipelines import InputError
-    from vidgen.video import SegmentedRecording
-
     _what_to_render(args)
+    check_numbers(args)
     if args.jobs:
         from vidgen.distributed.batch import render_jobs
 
@@ -216,8 +272,6 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix.lower() != ".mp4":
         raise UsageError(f"--out must end in .mp4, got {args.out}")
-    if args.seconds <= 0:
-        raise UsageError(f"--seconds must be positive, got {args.seconds}")
     parts = out.with_name(out.name + ".parts")
     request = _request(args)
     start = read_start(args)
@@ -235,12 +289,24 @@ def run(args: argparse.Namespace) -> int:
                 f"--resume: the arguments differ from the interrupted render's ({parts / 'request.json'})"
             )
     else:
-        seed = args.seed if args.seed is not None else int(time.time() * 1000) % (2**31 - 1)
+        seed = args.seed if args.seed is not None else random_seed()
 
     if args.parallel == "ray":
+        from vidgen.config import ConfigError
         from vidgen.distributed.render import render_with_ray
+        from vidgen.pipelines.loading import ModelLoadError, resolve_model
 
+        try:  # the workers load the weights; the driver reads the config for the warnings
+            _, config = resolve_model(args.model, load_config(args.config) if args.config else None)
+            print_fit_warnings(config.replace(**parse_overrides(args.set)), args, request)
+        except (ConfigError, ModelLoadError):
+            pass  # the workers report it, as one line
         return render_with_ray(args, request, seed, parts, out)
+
+    # the arguments are checked: now the heavy imports (torch, diffusers)
+    from vidgen.config import ConfigError
+    from vidgen.pipelines import InputError
+    from vidgen.video import SegmentedRecording, Upscale
 
     pipe = load_pipeline(args)
     try:  # check the request before anything is written
@@ -253,13 +319,16 @@ def run(args: argparse.Namespace) -> int:
         )
     except (InputError, ConfigError) as err:
         raise UsageError(str(err)) from None
+    print_fit_warnings(pipe.config, args, request)
     if not resuming:
         try:
             parts.mkdir(parents=True, exist_ok=True)
             (parts / "request.json").write_text(json.dumps({**request, "seed": seed}))
         except OSError as err:
             raise UsageError(f"cannot write next to {out}: {err.strerror}") from None
-    recording = SegmentedRecording(parts, fps=pipe.config.generation.fps)
+    recording = SegmentedRecording(
+        parts, fps=pipe.config.generation.fps, upscale=Upscale(args.upscale, args.resample)
+    )
     done = len(recording.completed_chunks())
     fps = pipe.config.generation.fps
     new_frames = round(args.seconds * fps)

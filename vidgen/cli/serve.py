@@ -8,7 +8,7 @@ import argparse
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(name, help="serve the live video generation page (Gradio)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--port", type=int, default=7860, help="port to listen on (default 7860)")
     p.add_argument("--model", help="a local pipeline folder or preset (default: the embedded model)")
     p.add_argument("--config", help="a preset name or TOML file")
     p.add_argument(
@@ -43,6 +43,19 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         default=3.0,
         metavar="SECONDS",
         help="how far generation may run ahead of the stream, so prompt changes show soon (0: no limit)",
+    )
+    p.add_argument(
+        "--upscale",
+        type=int,
+        default=1,
+        metavar="N",
+        help="show and offer the video N times the model's size (default 1)",
+    )
+    p.add_argument(
+        "--resample",
+        choices=["nearest", "lanczos"],
+        default="nearest",
+        help="how --upscale enlarges (default nearest: sharp pixels)",
     )
     p.set_defaults(run=run)
 

@@ -11,13 +11,15 @@ the ffmpeg binary's concat demuxer with stream copy (the binary comes from
 Every file appears under its final name only when complete (written to a hidden temporary name
 in the same folder, then renamed), so a killed process never leaves a file that looks finished.
 
+- ``export``: :func:`export_to_video` (a pipeline's output of any type to an MP4)
 - ``mp4``: :func:`write_mp4`, :class:`Mp4Writer`, :class:`FragmentedMp4Writer`
 - ``segments``: :class:`SegmentWriter` (MPEG-TS for live playback)
 - ``recording``: :class:`SegmentedRecording` (``vidgen render --resume``)
 - ``reading``: :func:`read_video`, :func:`probe_video`
 """
 
-from vidgen.video.encoding import DEFAULT_CRF, DEFAULT_PRESET, FrameRate
+from vidgen.video.encoding import DEFAULT_CRF, DEFAULT_PRESET, FrameRate, Upscale
+from vidgen.video.export import export_to_video
 from vidgen.video.mp4 import FragmentedMp4Writer, Mp4Writer, write_mp4
 from vidgen.video.reading import probe_video, read_image, read_video
 from vidgen.video.recording import ConcatBackend, SegmentedRecording, ffmpeg_executable
@@ -32,6 +34,8 @@ __all__ = [
     "Mp4Writer",
     "SegmentWriter",
     "SegmentedRecording",
+    "Upscale",
+    "export_to_video",
     "ffmpeg_executable",
     "probe_video",
     "read_image",

@@ -8,12 +8,13 @@ between colours blur over about 2 pixels, because yuv420p keeps one colour sampl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
 import av
 import numpy as np
-from av.video.reformatter import ColorPrimaries, ColorRange, Colorspace, ColorTrc
+from av.video.reformatter import ColorPrimaries, ColorRange, Colorspace, ColorTrc, Interpolation
 
 from vidgen.video.atomic import commit, temp_sibling
 
@@ -27,6 +28,33 @@ DEFAULT_PRESET = "medium"
 FrameRate = int | Fraction
 
 _AVCOL_SPC_BT709 = 1  # FFmpeg's AVColorSpace value; PyAV's Colorspace enum uses swscale's numbering.
+
+
+@dataclass(frozen=True)
+class Upscale:
+    """Frames enlarged ``factor`` times as they are encoded: the file (or stream) is bigger, the
+    frames the model makes keep their size. ``nearest`` repeats pixels (sharp squares, exact);
+    ``lanczos`` interpolates (smooth edges)."""
+
+    factor: int = 1
+    resample: str = "nearest"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.factor, bool) or not isinstance(self.factor, int) or not 1 <= self.factor <= 16:
+            raise ValueError(f"the upscale factor must be a whole number from 1 to 16, got {self.factor!r}")
+        if self.resample not in ("nearest", "lanczos"):
+            raise ValueError(f"resample must be 'nearest' or 'lanczos', got {self.resample!r}")
+
+    def size(self, size: tuple[int, int]) -> tuple[int, int]:
+        """The encoded (W, H) of frames of ``size`` (W, H)."""
+        return size[0] * self.factor, size[1] * self.factor
+
+
+def as_upscale(upscale: Upscale | int | None) -> Upscale:
+    """``2`` -> ``Upscale(2)``; None -> no upscaling."""
+    if upscale is None:
+        return Upscale()
+    return upscale if isinstance(upscale, Upscale) else Upscale(upscale)
 
 
 def as_fps(fps: FrameRate | float) -> Fraction:
@@ -108,13 +136,23 @@ def add_h264_stream(
     return stream
 
 
-def encode_frames(stream: av.video.stream.VideoStream, frames: np.ndarray, first_pts: int) -> list[av.Packet]:
-    """Encodes RGB ``frames`` as frames ``first_pts, first_pts + 1, ...`` of ``stream``."""
+def encode_frames(
+    stream: av.video.stream.VideoStream, frames: np.ndarray, first_pts: int, upscale: Upscale | None = None
+) -> list[av.Packet]:
+    """Encodes RGB ``frames`` as frames ``first_pts, first_pts + 1, ...`` of ``stream`` (enlarged
+    by ``upscale`` on the way: the stream's size must be the enlarged one)."""
+    upscale = upscale or Upscale()
+    if upscale.factor > 1 and upscale.resample == "nearest":
+        frames = frames.repeat(upscale.factor, axis=1).repeat(upscale.factor, axis=2)
+    # lanczos: swscale resizes while it converts to yuv420p, from the full-resolution RGB
+    scale = {}
+    if upscale.factor > 1 and upscale.resample == "lanczos":
+        scale = {"width": stream.width, "height": stream.height, "interpolation": Interpolation.LANCZOS}
     packets = []
     for offset, rgb in enumerate(frames):
         frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
         frame = frame.reformat(
-            format="yuv420p", dst_colorspace=Colorspace.ITU709, dst_color_range=ColorRange.MPEG
+            format="yuv420p", dst_colorspace=Colorspace.ITU709, dst_color_range=ColorRange.MPEG, **scale
         )
         frame.pts = first_pts + offset  # the time base is 1/fps, so pts counts frames
         packets.extend(stream.encode(frame))
@@ -122,7 +160,15 @@ def encode_frames(stream: av.video.stream.VideoStream, frames: np.ndarray, first
 
 
 def write_clip(
-    path: Path, frames: np.ndarray, fps: Fraction, *, format: str, first_pts: int, crf: int, preset: str
+    path: Path,
+    frames: np.ndarray,
+    fps: Fraction,
+    *,
+    format: str,
+    first_pts: int,
+    crf: int,
+    preset: str,
+    upscale: Upscale | None = None,
 ) -> None:
     """Writes ``frames`` as one self-contained file, atomically.
 
@@ -132,11 +178,11 @@ def write_clip(
     temp = temp_sibling(path)
     try:
         with av.open(str(temp), "w", format=format) as container:
-            size = (frames.shape[2], frames.shape[1])
+            size = (upscale or Upscale()).size((frames.shape[2], frames.shape[1]))
             stream = add_h264_stream(
                 container, fps, size, crf=crf, preset=preset, keyint=len(frames), bframes=False
             )
-            container.mux(encode_frames(stream, frames, first_pts))
+            container.mux(encode_frames(stream, frames, first_pts, upscale))
             container.mux(stream.encode(None))
         commit(temp, path)
     finally:

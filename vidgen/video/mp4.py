@@ -18,9 +18,11 @@ from vidgen.video.encoding import (
     DEFAULT_CRF,
     DEFAULT_PRESET,
     FrameRate,
+    Upscale,
     add_h264_stream,
     as_fps,
     as_frames,
+    as_upscale,
     check_size,
     encode_frames,
 )
@@ -31,8 +33,11 @@ FRAGMENTED_MOVFLAGS = "frag_keyframe+empty_moov+default_base_moof"
 class _H264Writer:
     """What the MP4 writers share: one H.264 stream in an open container, fed chunk by chunk."""
 
-    def __init__(self, fps: FrameRate, crf: int, preset: str, **stream_options):
+    def __init__(
+        self, fps: FrameRate, crf: int, preset: str, upscale: Upscale | int | None = None, **stream_options
+    ):
         self.fps = as_fps(fps)
+        self.upscale = as_upscale(upscale)
         self.frames_written = 0
         self._stream_settings = {"crf": crf, "preset": preset, **stream_options}
         self._container: av.container.OutputContainer | None = None
@@ -45,8 +50,9 @@ class _H264Writer:
         frames = as_frames(frames)
         self._size = check_size(frames, self._size)
         if self._stream is None:
-            self._stream = add_h264_stream(self._container, self.fps, self._size, **self._stream_settings)
-        self._container.mux(encode_frames(self._stream, frames, self.frames_written))
+            size = self.upscale.size(self._size)
+            self._stream = add_h264_stream(self._container, self.fps, size, **self._stream_settings)
+        self._container.mux(encode_frames(self._stream, frames, self.frames_written, self.upscale))
         self.frames_written += len(frames)
 
     def _finish(self) -> None:
@@ -90,12 +96,19 @@ class Mp4Writer(_H264Writer):
 
     Leaving the ``with`` block through an exception discards the partial file. The ``moov`` box
     is moved to the front on close (``+faststart``) so browsers start playing before the end.
+    ``upscale`` (a factor or an :class:`Upscale`) enlarges the frames in the file.
     """
 
     def __init__(
-        self, path: str | os.PathLike, fps: FrameRate, *, crf: int = DEFAULT_CRF, preset: str = DEFAULT_PRESET
+        self,
+        path: str | os.PathLike,
+        fps: FrameRate,
+        *,
+        crf: int = DEFAULT_CRF,
+        preset: str = DEFAULT_PRESET,
+        upscale: Upscale | int | None = None,
     ):
-        super().__init__(fps, crf, preset)
+        super().__init__(fps, crf, preset, upscale)
         self.path = check_output_path(path)
         self._temp = temp_sibling(self.path)
         self._container = av.open(str(self._temp), "w", format="mp4", options={"movflags": "+faststart"})
@@ -128,9 +141,11 @@ def write_mp4(
     *,
     crf: int = DEFAULT_CRF,
     preset: str = DEFAULT_PRESET,
+    upscale: Upscale | int | None = None,
 ) -> Path:
-    """Writes ``frames`` (T, H, W, 3) uint8 RGB to an H.264 MP4 at ``path``, atomically."""
-    with Mp4Writer(path, fps, crf=crf, preset=preset) as writer:
+    """Writes ``frames`` (T, H, W, 3) uint8 RGB to an H.264 MP4 at ``path``, atomically
+    (``upscale``: a factor, or an :class:`Upscale` with its resampling, for a bigger file)."""
+    with Mp4Writer(path, fps, crf=crf, preset=preset, upscale=upscale) as writer:
         writer.write(frames)
     return writer.path
 

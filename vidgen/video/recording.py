@@ -17,8 +17,10 @@ from vidgen.video.encoding import (
     DEFAULT_CRF,
     DEFAULT_PRESET,
     FrameRate,
+    Upscale,
     as_fps,
     as_frames,
+    as_upscale,
     check_size,
     write_clip,
 )
@@ -75,10 +77,12 @@ class SegmentedRecording:
         *,
         crf: int = DEFAULT_CRF,
         preset: str = DEFAULT_PRESET,
+        upscale: Upscale | int | None = None,
     ):
         self.folder = make_folder(folder)
         self.fps = as_fps(fps)
         self._crf, self._preset = crf, preset
+        self.upscale = as_upscale(upscale)
         self._manifest = self._load_manifest()
         self._remove_unlisted()
 
@@ -93,6 +97,7 @@ class SegmentedRecording:
                 "height": None,
                 "crf": self._crf,
                 "preset": self._preset,
+                "upscale": self._upscale_setting(),
             }
             return {"version": self.VERSION, **settings, "chunks": []}
         try:
@@ -104,7 +109,14 @@ class SegmentedRecording:
             raise ValueError(
                 f"{path} is not valid JSON ({error}); delete the folder to start over"
             ) from error
-        for key, ours in (("fps", str(self.fps)), ("crf", self._crf), ("preset", self._preset)):
+        manifest.setdefault("upscale", "1:nearest")  # recorded before upscaling existed
+        settings = (
+            ("fps", str(self.fps)),
+            ("crf", self._crf),
+            ("preset", self._preset),
+            ("upscale", self._upscale_setting()),
+        )
+        for key, ours in settings:
             if manifest.get(key) != ours:
                 raise ValueError(
                     f"{self.folder} was recorded with {key}={manifest.get(key)!r} but this run uses {ours!r}: resume "
@@ -116,6 +128,9 @@ class SegmentedRecording:
                     f"{self.folder}: the manifest lists {chunk['file']} but it is missing; delete the folder to start over"
                 )
         return manifest
+
+    def _upscale_setting(self) -> str:
+        return f"{self.upscale.factor}:{self.upscale.resample}"
 
     def _remove_unlisted(self) -> None:
         listed = {chunk["file"] for chunk in self._manifest["chunks"]}
@@ -170,6 +185,7 @@ class SegmentedRecording:
             first_pts=0,
             crf=self._crf,
             preset=self._preset,
+            upscale=self.upscale,
         )
         chunk = {
             "chunk_index": chunk_index,

@@ -13,8 +13,10 @@ from vidgen.video.encoding import (
     DEFAULT_CRF,
     DEFAULT_PRESET,
     FrameRate,
+    Upscale,
     as_fps,
     as_frames,
+    as_upscale,
     check_size,
     write_clip,
 )
@@ -41,8 +43,10 @@ class SegmentWriter:
         prefix: str = "segment",
         crf: int = DEFAULT_CRF,
         preset: str = DEFAULT_PRESET,
+        upscale: Upscale | int | None = None,
     ):
         self.fps = as_fps(fps)
+        self.upscale = as_upscale(upscale)
         one_second = math.ceil(self.fps)
         self.segment_frames = segment_frames if segment_frames is not None else one_second
         if self.segment_frames < self.fps:
@@ -93,6 +97,7 @@ class SegmentWriter:
             first_pts=self.frames_written,
             crf=self._crf,
             preset=self._preset,
+            upscale=self.upscale,
         )
         self.frames_written += len(frames)
         self.segments.append(path)

@@ -1,0 +1,79 @@
+"""The command line answers argument mistakes, ``--version`` and ``--help`` before importing the
+stack: the process never imports torch for them (the time this saves is in the README)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+# Runs the CLI in a fresh interpreter and reports, after its exit status, whether torch was imported.
+_PROBE = """
+import sys
+from vidgen.cli import main
+try:
+    status = main(sys.argv[1:])
+except SystemExit as exit:
+    status = exit.code
+print("torch imported:", "torch" in sys.modules, file=sys.stderr)
+sys.exit(status)
+"""
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["render", "--seconds", "-1", "x"], "--seconds must be a positive number, got -1"),
+        (["render", "--steps", "0", "x"], "--steps must be a positive integer, got 0"),
+        (["render", "--height", "-64", "x"], "--height must be a positive integer, got -64"),
+        (["render", "--upscale", "0", "x"], "--upscale must be a positive integer, got 0"),
+        (["render", "--upscale", "40", "x"], "--upscale enlarges up to 16 times"),
+        (["render", "--parallel", "ray", "--sp", "0", "x"], "--sp must be a positive integer, got 0"),
+        (["render", "--seconds", "2"], "say what to render"),
+        (["render", "--seconds", "abc", "x"], "invalid float value: 'abc'"),
+        (["render", "--sp-kind", "tree", "x"], "invalid choice: 'tree'"),
+    ],
+)
+def test_argument_errors_come_before_the_heavy_imports(args, message):
+    result = _cli(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "torch imported: False" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_version_and_help_show_what_a_new_user_needs():
+    result = _cli("--version")
+    assert result.returncode == 0 and result.stdout.strip() == "vidgen 0.1.0"
+    assert "torch imported: False" in result.stderr
+
+    helps = _cli("render", "--help").stdout
+    flat = " ".join(helps.split())
+    assert "sampler steps per chunk (default: the model's; 4)" in flat
+    assert "classifier-free guidance scale, 1: off (default: the model's; 1)" in flat
+    assert "frame height in pixels (default: the model's; 64)" in flat
+    assert "frame width in pixels (default: the model's; 64)" in flat
+    assert "--sp-kind {auto,ulysses,ring}" in flat and "--upscale N" in flat
+    serve = " ".join(_cli("serve", "--help").stdout.split())
+    assert "--port PORT port to listen on (default 7860)" in serve
+
+
+def test_info_does_not_import_the_pipeline_stack():
+    probe = "import sys; from vidgen.cli import main; main(['info']); print(sorted(m for m in sys.modules if m.split('.')[0] in ('diffusers', 'transformers', 'vidgen')))"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "default model:" in result.stdout
+    loaded = result.stdout.strip().splitlines()[-1]
+    assert "diffusers" not in loaded and "'transformers" not in loaded and "vidgen.pipelines" not in loaded
