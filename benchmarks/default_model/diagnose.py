@@ -1,0 +1,158 @@
+"""Sanity checks of the default model, as the model card's "Diagnosis" table reports them.
+
+    python benchmarks/default_model/diagnose.py shape-word   [--model DIR]
+    python benchmarks/default_model/diagnose.py probe        [--model DIR]   # x0 from noised truth
+    python benchmarks/default_model/diagnose.py steps        [--model DIR]
+    python benchmarks/default_model/diagnose.py autoencoder  [--model DIR]
+
+Each prints one table; all run on one thread. ``--model`` is a pipeline folder (default: the
+embedded model; a training checkpoint becomes one with ``vidgen train export``); ``--transformer``
+swaps in another transformer folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+from scipy import ndimage
+
+from vidgen import LongVideoPipeline
+from vidgen.attention import AttentionPattern
+from vidgen.evaluation import held_out_prompts
+from vidgen.pipelines.scheduler import timestep_of
+from vidgen.shapes import captions, world
+from vidgen.shapes.evaluate import evaluate_video
+from vidgen.shapes.prompts import parse_prompt
+from vidgen.shapes.world import SHAPES
+from vidgen.training.data import clip_to_tensor
+
+
+def _uint8(video: torch.Tensor) -> np.ndarray:
+    """(B, 3, T, S, S) in [-1, 1] -> (B, T, S, S, 3) uint8."""
+    return ((video.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 4, 1).numpy()
+
+
+def _frames(pipe, prompt: str, num_frames: int, seed: int, steps: int | None = None) -> np.ndarray:
+    out = pipe(
+        prompt=prompt,
+        num_frames=num_frames,
+        num_inference_steps=steps,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="np",
+    )
+    frames = np.asarray(out.frames)
+    frames = frames[0] if frames.ndim == 5 else frames
+    return (frames * 255).round().clip(0, 255).astype(np.uint8) if frames.dtype != np.uint8 else frames
+
+
+def shape_word(pipe) -> None:
+    """Same seed, three shape words: does the output depend on the word at all?"""
+    videos = {}
+    for shape in SHAPES:
+        prompt = f"a large red {shape} moving right on a black background"
+        videos[shape] = _frames(pipe, prompt, 48, seed=0)
+        report = evaluate_video(videos[shape], prompt)
+        print(f"{shape:9s} frames with the named shape {report.shape_right_rate:.0%}")
+    a, b = videos["circle"].astype(float), videos["square"].astype(float)
+    print(f"mean pixel difference circle-square: {np.abs(a - b).mean():.1f}/255")
+
+
+def probe(pipe, clips: int = 12) -> None:
+    """Ground-truth latents, noise on the last chunk (clean context) or on the first chunk alone;
+    x0 predicted in one step and decoded: the shape-right share per noise level."""
+    vae, model = pipe.vae, pipe.transformer
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    rng = np.random.default_rng(1)
+    scenes = [world.sample_scene(rng) for _ in range(clips)]
+    video = torch.stack([clip_to_tensor(world.render_clip(s, 29, size=64, rng=rng).frames) for s in scenes])
+    texts = [captions.caption(s) for s in scenes]
+    with torch.no_grad():
+        latents = (vae.encode(video).latent_dist.mode() - mean) / std  # (B, C, 8, h, w)
+        embedded = pipe.text_encoder(texts)
+    text = torch.cat([embedded, embedded], dim=1)  # the pair [prompt ‖ previous prompt]
+    c = pipe.config.generation.chunk_frames
+    frames = latents.shape[2]
+    pattern = AttentionPattern.block_causal(model.frame_tokens(*latents.shape[3:]), c)
+    noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(0))
+
+    def shape_right(x0: torch.Tensor, last_frames: int | None = None) -> float:
+        """Shape right in the decoded frames of the noised chunk only (``last_frames`` of them)."""
+        with torch.no_grad():
+            decoded = _uint8(vae.decode(x0 * std + mean).sample)
+        if last_frames:
+            decoded = decoded[:, -last_frames:]
+        return float(np.mean([evaluate_video(v, s).shape_right_rate for v, s in zip(decoded, scenes)]))
+
+    print("sigma  last chunk, clean context  first chunk, no context")
+    for sigma in (0.2, 0.4, 0.6, 0.8, 0.95):
+        s = torch.zeros(clips, frames)
+        s[:, -c:] = sigma
+        noisy = (1 - s[:, None, :, None, None]) * latents + s[:, None, :, None, None] * noise
+        s0 = torch.full((clips, c), sigma)
+        noisy0 = (1 - sigma) * latents[:, :, :c] + sigma * noise[:, :, :c]
+        with torch.no_grad():
+            v = model(noisy, timestep_of(s), text, attention_pattern=pattern, return_dict=False)[0]
+            v0 = model(noisy0, timestep_of(s0), text, return_dict=False)[0]
+        x0 = noisy - s[:, None, :, None, None] * v
+        x00 = noisy0 - sigma * v0
+        chunk_video_frames = c * vae.config.scale_factor_temporal
+        print(f"{sigma:5.2f}  {shape_right(x0, chunk_video_frames):25.0%}  {shape_right(x00):24.0%}")
+
+
+def steps(pipe, prompts: int = 12) -> None:
+    """The first 13 frames at several sampler step counts."""
+    texts = held_out_prompts(prompts, seed=3)
+    for count in (4, 8, 16, 32):
+        passing, shape, single = [], [], []
+        for i, prompt in enumerate(texts):
+            frames = _frames(pipe, prompt, 13, seed=i, steps=count)
+            report = evaluate_video(frames, prompt)
+            passing.append(report.frame_pass_rate)
+            named = parse_prompt(prompt).shape
+            shape.append(np.mean([f.shape == named for f in report.frames]))
+            background = np.array(report.frames[0].background)
+            for frame in frames:
+                mask = np.linalg.norm(frame.astype(float) - background, axis=-1) > 60
+                single.append(ndimage.label(mask)[1] == 1)
+        print(
+            f"{count:2d} steps: frames passing {np.mean(passing):.0%}, shape right {np.mean(shape):.0%}, "
+            f"frames with one object {np.mean(single):.0%}"
+        )
+
+
+def autoencoder(pipe, clips: int = 48) -> None:
+    """Held-out 2-s clips from the start (they adhere as rendered) through encode + decode."""
+    vae = pipe.vae
+    rng = np.random.default_rng(7)
+    kept, lost = 0, {}
+    for _ in range(clips):
+        scene = world.sample_scene(rng)
+        clip = world.render_clip(scene, 33, size=64, rng=rng)
+        with torch.no_grad():
+            recon = vae.decode(vae.encode(clip_to_tensor(clip.frames)[None]).latent_dist.mode()).sample
+        if evaluate_video(_uint8(recon)[0], scene).adheres:
+            kept += 1
+        else:
+            key = f"{scene.size} {scene.shape}"
+            lost[key] = lost.get(key, 0) + 1
+    print(f"clips still adhering after the round trip: {kept}/{clips}; lost: {lost}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("check", choices=["shape-word", "probe", "steps", "autoencoder"])
+    parser.add_argument("--model", help="pipeline folder (default: the embedded model)")
+    parser.add_argument("--transformer", help="a transformer folder to probe instead")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    overrides = {"model.transformer": args.transformer} if args.transformer else {}
+    pipe = LongVideoPipeline.from_pretrained(args.model, **overrides)
+    pipe.set_progress_bar_config(disable=True)
+    {"shape-word": shape_word, "probe": probe, "steps": steps, "autoencoder": autoencoder}[args.check](pipe)
+
+
+if __name__ == "__main__":
+    main()
