@@ -4,8 +4,8 @@ Two ways to run a pattern, chosen by size:
 
 * dense: one SDPA call with the pattern's boolean ``(q_len, kv_len)`` mask (none for ``full``).
   Simple and exact, but quadratic in time and memory.
-* blockwise (``block_causal``, ``sliding_window`` only): each query chunk attends to just the
-  keys it sees, with same-shaped chunks batched into one SDPA call (see
+* blockwise (``block_causal``, ``sliding_window``, ``radial``): each query chunk (radial: query
+  tile) attends to just the keys it sees, with same-shaped chunks batched into one SDPA call (see
   :mod:`vidgen.attention.blockwise`); linear in the sequence length. This is what CPU
   training uses, so it must and does support backward.
 
@@ -53,8 +53,10 @@ def dense_mask(pattern: AttentionPattern, q_len: int, kv_len: int, device: torch
 
 def uses_blockwise(pattern: AttentionPattern, q_len: int, kv_len: int) -> bool:
     """The size rule: blockwise for block-structured patterns with a large score matrix over several chunks."""
-    if not pattern.is_block_structured or q_len * kv_len < BLOCKWISE_MIN_PAIRS:
+    if not pattern.has_key_ranges or q_len * kv_len < BLOCKWISE_MIN_PAIRS:
         return False
+    if pattern.kind is PatternKind.RADIAL:  # many query tiles per chunk
+        return True
     first_chunk = (kv_len - q_len) // pattern.chunk_tokens
     last_chunk = (kv_len - 1) // pattern.chunk_tokens
     return last_chunk > first_chunk

@@ -588,6 +588,7 @@ class _Run:
             context_noise=g.addnoise_condition,
             chunk_frames=g.chunk_frames,
             autocast=autocast_dtype(config.runtime.autocast, pipe.device),
+            attention=g.attention,
         )
         self.history: dict[int, torch.Tensor] = {}  # latent frame -> (1, C, 1, h, w), the cached frames
         self.decoder = streaming_decoder(pipe.vae) if decode else None  # None: decoded elsewhere
