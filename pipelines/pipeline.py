@@ -45,6 +45,7 @@ from vidgen.pipelines.vae_stream import (
     spatial_factor,
     streaming_decoder,
     temporal_factor,
+    video_to_uint8,
 )
 
 Storyboard = list[tuple[float, str]]
@@ -168,11 +169,13 @@ class LongVideoPipeline:
             pipe.compile()
         return pipe
 
-    def compile(self) -> None:
+    def compile(self, mode: str | None = None) -> None:
         """torch.compile every transformer block (dynamic shapes: the cache fills up over the first
-        chunks). The KV cache bookkeeping stays eager; the first chunks pay the compile time."""
+        chunks). The KV cache bookkeeping stays eager; the first chunks pay the compile time.
+        ``mode``: torch.compile's mode (default: ``runtime.compile_mode``)."""
+        mode = mode or self.config.runtime.compile_mode
         for block in self.transformer.blocks:
-            block.compile(dynamic=True)
+            block.compile(dynamic=True, mode=None if mode == "default" else mode)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         loading.save_components(Path(path), self.transformer, self.vae, self.text_encoder, self.config)
@@ -543,7 +546,7 @@ def decode_to_frames(decoder, latents: torch.Tensor, latent_start: int) -> np.nd
     """A chunk's (T, H, W, 3) uint8 frames from its latents, through a stateful streaming decoder
     (``vae_stream.streaming_decoder``) that has decoded the chunks before it."""
     video = decoder.decode(latents, latent_start)  # (1, 3, T, H, W) in [-1, 1]
-    return ((video[0].permute(1, 2, 3, 0) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
+    return video_to_uint8(video).cpu().numpy()
 
 
 @dataclass

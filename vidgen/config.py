@@ -51,6 +51,7 @@ AttentionSparsity = Literal["dense", "radial"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 Autocast = Literal["auto", "off", "bfloat16"]
 Device = Literal["auto", "cpu", "cuda"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"]
 
 
 @dataclass
@@ -195,6 +196,10 @@ class RuntimeConfig:
     """Force an attention backend (sdpa, flex, flash, xformers); empty: automatic."""
     compile: bool = False
     """torch.compile the transformer's per-chunk step."""
+    compile_mode: CompileMode = "default"
+    """torch.compile's mode with ``compile``: ``reduce-overhead`` captures CUDA graphs (one per
+    cache length: the shapes stop changing once the window is full), ``max-autotune-no-cudagraphs``
+    tunes the GPU kernels."""
     cpu_offload: bool = False
     """Keep only the running component on the accelerator (accelerate hooks)."""
     threads: int = 0
@@ -204,6 +209,7 @@ class RuntimeConfig:
         _check_choice("runtime.device", self.device, get_args(Device))
         _check_choice("runtime.dtype", self.dtype, get_args(Dtype))
         _check_choice("runtime.autocast", self.autocast, get_args(Autocast))
+        _check_choice("runtime.compile_mode", self.compile_mode, get_args(CompileMode))
         _check_positive("runtime.threads", self.threads, allow_zero=True)
         if self.attention_backend:
             _check_choice(
