@@ -247,14 +247,15 @@ def attend(
         all_key[:, held:].copy_(new_key)
         all_value[:, held:].copy_(value)
     else:
-        all_key, all_value = _cache_and_new(query, key, value, new_key, ctx, layer)
+        all_key, all_value = _cache_and_new(key, value, new_key, ctx, layer)
     out = dispatch_attention(query, all_key, all_value, pattern=ctx.pattern)
     if ctx.write_frame is not None:  # only now: the write may overwrite slots read above
         ctx.kv_cache.write(layer, key, value, ctx.write_frame)
     return out
 
 
-def _cache_and_new(query, key, value, new_key, ctx: SelfAttentionContext, layer: int):
+def _cache_and_new(key, value, new_key, ctx: SelfAttentionContext, layer: int):
+    """[rotated cache view | new keys] and [cache view | new values], concatenated for this call."""
     cached_key, cached_value = ctx.kv_cache.view(layer)  # views into the buffers
     all_key, all_value = new_key, value
     if cached_key.shape[1]:
