@@ -247,7 +247,7 @@ def _main_radial(args: argparse.Namespace) -> int:
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     try:
-        result = run_chunk_benchmark(args, _backends(args, device), device, _timed)
+        result = run_chunk_benchmark(args, _backends(args, device), device)
     except ValueError as err:
         print(f"vidgen bench attention: error: {err}")
         return 2
