@@ -10,7 +10,13 @@ turn into their own kernels:
   attention biases;
 * :meth:`AttentionPattern.chunk_key_ranges`: for the block-structured kinds
   (``block_causal``, ``sliding_window``), the contiguous key ranges each query chunk sees, so
-  that a backend can run attention chunk by chunk at a cost linear in the sequence length.
+  that a backend can run attention chunk by chunk at a cost linear in the sequence length;
+  for ``radial``, the ranges each query tile (a few rows of one frame) sees.
+
+``radial`` is the pattern generation uses for a chunk over its KV cache
+(``generation.attention = "radial"``): it carries the frame layout of the keys (which frame of
+the video each key frame is, which are sinks, the (h, w) grid), because the cache's ring holds
+the window out of time order.
 
 Positions. Tokens are indexed along the sequence axis ``S`` of the ``(B, S, H, D)`` layout.
 A token's frame is ``index // frame_tokens`` and its chunk is ``frame // chunk_frames``;
@@ -443,7 +449,7 @@ class AttentionPattern:
 
     # ----------------------------------------------------------------- block structure
     def chunk_key_ranges(self, q_len: int, kv_len: int) -> list[ChunkKeyRanges]:
-        """For each query chunk, the key ranges it sees (block_causal and sliding_window only).
+        """For each query chunk (radial: query tile), the key ranges it sees (see :data:`KEY_RANGED`).
 
         The first and last query chunks may be partial (suffix alignment, odd lengths). The
         number of visible keys per chunk is bounded by window + sinks + one chunk, which is what
@@ -517,7 +523,7 @@ class AttentionPattern:
     def density(self, q_len: int, kv_len: int) -> float:
         """Fraction of (query, key) pairs that are visible: 1.0 for full, small for sparse patterns.
 
-        Exact for the block-structured kinds; for ``tile`` it is the product of per-axis
+        Exact for the block-structured and radial kinds; for ``tile`` it is the product of per-axis
         fractions for the whole-frame part of the sequence (an estimate for odd lengths).
         """
         self.check_lengths(q_len, kv_len)
