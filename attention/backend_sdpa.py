@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from vidgen.attention.blockwise import cached_plan, run_blockwise
+from vidgen.attention.blockwise import cached_plan, cached_rectangles, run_blockwise, run_rectangles
 from vidgen.attention.cache import LRUCache
 from vidgen.attention.patterns import AttentionPattern, PatternKind
 from vidgen.attention.registry import AttentionBackend
@@ -62,13 +62,25 @@ def uses_blockwise(pattern: AttentionPattern, q_len: int, kv_len: int) -> bool:
     return last_chunk > first_chunk
 
 
+def uses_rectangles(pattern: AttentionPattern, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Radial inference on CPU at blockwise sizes: rectangles merged by log-sum-exp (no key gathers,
+    whole shared frames as one call; measured faster than blockwise at the Wan-1.3B chunk geometry)."""
+    return (
+        pattern.kind is PatternKind.RADIAL
+        and q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.bfloat16)
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+        and uses_blockwise(pattern, q.shape[1], k.shape[1])
+    )
+
+
 def sdpa_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     pattern: AttentionPattern,
     scale: float | None = None,
-    mode: Literal["auto", "dense", "blockwise"] = "auto",
+    mode: Literal["auto", "dense", "blockwise", "rectangles"] = "auto",
 ) -> torch.Tensor:
     """Attention under ``pattern`` with SDPA; (B, S, H, D) in, (B, S_q, H, D) out.
 
@@ -78,11 +90,13 @@ def sdpa_attention(
     q_len, kv_len = q.shape[1], k.shape[1]
     if pattern.kind is PatternKind.FULL:
         return _sdpa(q, k, v, None, scale)
+    if mode == "rectangles" or (mode == "auto" and uses_rectangles(pattern, q, k, v)):
+        return run_rectangles(q, k, v, cached_rectangles(pattern, q_len, kv_len), scale)
     if mode == "blockwise" or (mode == "auto" and uses_blockwise(pattern, q_len, kv_len)):
         steps = cached_plan(pattern, q_len, kv_len, q.device, MIN_STEP_TOKENS)
         return run_blockwise(q, k, v, steps, lambda qs, ks, vs, mask: _sdpa(qs, ks, vs, mask, scale))
     if mode not in ("auto", "dense"):
-        raise ValueError(f"mode must be 'auto', 'dense' or 'blockwise', got {mode!r}")
+        raise ValueError(f"mode must be 'auto', 'dense', 'blockwise' or 'rectangles', got {mode!r}")
     return _sdpa(q, k, v, dense_mask(pattern, q_len, kv_len, q.device), scale)
 
 

@@ -336,3 +336,29 @@ def test_xformers_matches_reference(name, pattern, q_len, kv_len, make_qkv, refe
     q, k, v = (t.cuda() for t in make_qkv(1, q_len, kv_len, dim=64))
     out = dispatch_attention(q, k, v, pattern=pattern, backend="xformers")
     torch.testing.assert_close(out.double(), reference(q, k, v, pattern), atol=1e-4, rtol=0)
+
+
+RADIAL_CASES = [c for c in CASES if c[1].kind.value == "radial"]
+
+
+@pytest.mark.parametrize(
+    ("name", "pattern", "q_len", "kv_len"), RADIAL_CASES, ids=[c[0] for c in RADIAL_CASES]
+)
+def test_sdpa_rectangles_match_reference(name, pattern, q_len, kv_len, make_qkv, reference):
+    # the rectangles tile the mask exactly once, and merging their log-sum-exps gives the softmax
+    covered = torch.zeros(q_len, kv_len, dtype=torch.int32)
+    for q0, q1, k0, k1 in blockwise.plan_rectangles(pattern, q_len, kv_len):
+        covered[q0:q1, k0:k1] += 1
+    assert torch.equal(covered, pattern.dense_mask(q_len, kv_len).int())
+    q, k, v = make_qkv(2, q_len, kv_len)
+    with torch.no_grad():
+        _check(backend_sdpa.sdpa_attention(q, k, v, pattern, mode="rectangles"), reference(q, k, v, pattern))
+
+
+def test_sdpa_picks_rectangles_for_radial_inference_only(make_qkv):
+    pattern = AttentionPattern.radial((20, 20), range(6), chunk_frames=2, sink_frames=2)
+    q, k, v = make_qkv(1, 800, 2400)  # 1.9M pairs: past BLOCKWISE_MIN_PAIRS
+    assert backend_sdpa.uses_rectangles(pattern, q, k, v)
+    assert not backend_sdpa.uses_rectangles(AttentionPattern.sliding_window(40, 1, 2), q, k, v)
+    q.requires_grad_()
+    assert not backend_sdpa.uses_rectangles(pattern, q, k, v)  # training: blockwise has a backward
