@@ -9,6 +9,11 @@ Two ways to run a pattern, chosen by size:
   :mod:`vidgen.attention.blockwise`); linear in the sequence length. This is what CPU
   training uses, so it must and does support backward.
 
+* rectangles (``radial`` inference on CPU): the visible pairs are covered by rectangles (a run
+  of query tiles x one key range they all see), each attended over views of q/k/v by torch's
+  CPU flash kernel, and merged per query by log-sum-exp: no key gathering, and a frame every
+  tile sees is one call with many queries (see :func:`~vidgen.attention.blockwise.plan_rectangles`).
+
 The rule: blockwise once ``q_len * kv_len`` reaches :data:`BLOCKWISE_MIN_PAIRS` (a 1k x 1k
 score matrix) and the queries span more than one chunk; dense otherwise. Both give the same
 softmax over the same keys, to float rounding.

@@ -108,7 +108,8 @@ def auto_backend(
       block-structured), at least :data:`FLEX_CPU_MIN_TOKENS` keys, at most
       :data:`FLEX_CPU_MAX_DENSITY` of them visible, and flex compiling not switched off.
       Block-causal, sliding-window and radial patterns stay on sdpa: its blockwise path is linear in
-      length too, measured as fast as compiled flex on CPU, and has a backward.
+      length too, measured as fast as compiled flex on CPU, and has a backward (radial inference
+      runs as log-sum-exp-merged rectangles: 2.4x dense at the Wan-1.3B chunk, compiled flex 0.8x).
     """
     if q.device.type == "cuda":
         order = ("flash", "flex", "sdpa")
