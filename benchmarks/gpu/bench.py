@@ -44,6 +44,7 @@ from vidgen.pipelines import LongVideoPipeline
 from vidgen.pipelines.benchmark_preset import WAN_1_3B, WAN_TEXT_TOKENS, random_wan_transformer
 from vidgen.pipelines.benchmark_skyreels import PromptEmbeddings
 from vidgen.pipelines.overlap import OverlappedDecoder
+from vidgen.pipelines.vae_stream import frames_of_latents
 
 PRESET = "wan2.1-t2v-1.3b-causal"
 PROMPT = "a red fox running through snow"
@@ -101,7 +102,7 @@ def stream_video(pipe: LongVideoPipeline, seconds: float, overrides: dict, devic
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     decoder = OverlappedDecoder(pipe.vae, device)
-    frames_out, first_frame_s, chunk_s = 0, None, []
+    frames_out, first_frame_s, chunk_s, chunk_frames = 0, None, [], []
     start = last = time.perf_counter()
     with torch.inference_mode():
         for chunk in pipe.stream(
@@ -117,6 +118,9 @@ def stream_video(pipe: LongVideoPipeline, seconds: float, overrides: dict, devic
             now = time.perf_counter()
             chunk_s.append(now - last)
             last = now
+            latents = chunk.latents.shape[2]
+            start_f, end_f = frames_of_latents(chunk.index * g.chunk_frames, latents, pipe.temporal_factor)
+            chunk_frames.append(min(end_f, num_frames) - start_f)
         for frames in decoder.finish():
             frames_out += len(frames)
     _sync(device)
@@ -129,6 +133,7 @@ def stream_video(pipe: LongVideoPipeline, seconds: float, overrides: dict, devic
         "fps": frames_out / total,
         "time_to_first_frame_s": first_frame_s,
         "chunk_s": chunk_s,
+        "chunk_frames": chunk_frames,
         "peak_gib": peak,
         "overlapped_decode": decoder.overlapping,
     }
@@ -180,14 +185,12 @@ def run_variant(pipe: LongVideoPipeline, name: str, args: argparse.Namespace, de
         chunk_seconds = 4 * pipe.config.generation.chunk_frames / pipe.config.generation.fps
         seconds = max(seconds, (geometry["late_chunk"] + 3) * chunk_seconds)
     result = stream_video(pipe, seconds, overrides, device)
-    # FPS over the first 20 s (the dense run goes on): frames of the chunks up to there / their time
-    chunk_frames = 4 * pipe.config.generation.chunk_frames
-    n = min(
-        len(result["chunk_s"]), -(-round(geometry["seconds"] * pipe.config.generation.fps) // chunk_frames)
-    )
-    result["fps_video"] = (
-        result["fps"] if seconds == geometry["seconds"] else n * chunk_frames / sum(result["chunk_s"][:n])
-    )
+    # FPS over the first 20 s of video (the dense run goes on): those chunks' frames / their time
+    wanted, made, n = round(geometry["seconds"] * pipe.config.generation.fps), 0, 0
+    while n < len(result["chunk_frames"]) and made < wanted:
+        made += result["chunk_frames"][n]
+        n += 1
+    result["fps_video"] = made / sum(result["chunk_s"][:n])
     return result
 
 

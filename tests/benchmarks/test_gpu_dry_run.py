@@ -27,6 +27,7 @@ def test_gpu_benchmark_dry_run_writes_every_variant(tmp_path):
         assert v["fps_video"] > 0 and v["time_to_first_frame_s"] > 0 and not v["overlapped_decode"]
     # every frame of the 2-s video (16 fps) came out of the overlapped decoder
     assert variants["radial"]["frames"] == round(report["config"]["seconds"] * 16)
+    assert sum(variants["radial"]["chunk_frames"]) == variants["radial"]["frames"]  # FPS counts them
     assert len(variants["dense"]["chunk_s"]) >= report["chunk_5_vs_late"]["late_chunk"] + 3
     assert report["chunk_5_vs_late"]["late_over_5"] > 0
     for name in ("flash", "compiled", "fp8"):  # no CUDA here: skipped, with the reason
