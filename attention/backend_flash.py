@@ -4,8 +4,8 @@
 * ``block_causal`` / ``sliding_window`` with one-token chunks and no sinks: flash-attn's own
   ``causal`` and ``window_size`` express them exactly (its causal mask is aligned to the
   bottom-right corner, our suffix alignment).
-* other ``block_causal`` / ``sliding_window`` patterns: one unmasked ``flash_attn_func`` call
-  per query chunk over the keys it sees (:mod:`vidgen.attention.blockwise`).
+* other ``block_causal`` / ``sliding_window`` patterns and ``radial``: one unmasked
+  ``flash_attn_func`` call per query chunk (radial: query tile) over the keys it sees (:mod:`vidgen.attention.blockwise`).
 * ``tile`` is not supported (no arbitrary masks in flash-attn); use ``flex``.
 
 :func:`flash_attention_with_kvcache` wraps ``flash_attn_with_kvcache`` for the cached decode
@@ -58,9 +58,9 @@ def flash_attention(
     if window is not None:
         causal, window_size = window
         return flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=window_size)
-    if not pattern.is_block_structured:
+    if not pattern.has_key_ranges:
         raise ValueError(
-            f"flash supports full, block_causal and sliding_window patterns, not {pattern.kind.value}"
+            f"flash supports full, block_causal, sliding_window and radial patterns, not {pattern.kind.value}"
         )
     # min_query_tokens=0: one chunk per step, so no step needs a mask (flash-attn takes none)
     steps = cached_plan(pattern, q.shape[1], k.shape[1], q.device, min_query_tokens=0)
@@ -119,7 +119,9 @@ BACKEND = AttentionBackend(
     run=flash_attention,
     devices=frozenset({"cuda"}),
     dtypes=frozenset({torch.float16, torch.bfloat16}),
-    kinds=frozenset({PatternKind.FULL, PatternKind.BLOCK_CAUSAL, PatternKind.SLIDING_WINDOW}),
+    kinds=frozenset(
+        {PatternKind.FULL, PatternKind.BLOCK_CAUSAL, PatternKind.SLIDING_WINDOW, PatternKind.RADIAL}
+    ),
     grad_devices=frozenset({"cuda"}),
     probe=_probe,
     description="flash-attn 2 (CUDA, fp16/bf16); per-chunk calls for chunked causal patterns",

@@ -14,7 +14,7 @@ pointing at ``sdpa``.
 
 Block masks are built here rather than with ``create_block_mask``, which evaluates the mask at
 every (query, key) pair (at 64k tokens, a 4G-entry tensor): block-structured patterns become
-per-row key intervals reduced to blocks, tile patterns are evaluated in bands of rows. Both
+per-row key intervals reduced to blocks (radial patterns too), tile patterns are evaluated in bands of rows. Both
 are cached by pattern, lengths and device.
 """
 
@@ -121,7 +121,7 @@ def build_block_mask(pattern: AttentionPattern, q_len: int, kv_len: int, device:
 
     device = torch.device(device)
     pattern.check_lengths(q_len, kv_len)
-    if pattern.is_block_structured:
+    if pattern.has_key_ranges:
         touches, covers = _block_structured_blocks(pattern, q_len, kv_len, device)
     else:
         touches, covers = _banded_blocks(pattern, q_len, kv_len, device)
@@ -133,7 +133,7 @@ def build_block_mask(pattern: AttentionPattern, q_len: int, kv_len: int, device:
         full_counts,
         full_indices,
         BLOCK_SIZE=BLOCK,
-        mask_mod=pattern.mask_mod_for(q_len, kv_len),
+        mask_mod=pattern.mask_mod_for(q_len, kv_len, device),
         seq_lengths=(q_len, kv_len),
     )
 

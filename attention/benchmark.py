@@ -242,8 +242,29 @@ def save_plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _main_radial(args: argparse.Namespace) -> int:
+    from vidgen.attention.benchmark_chunk import format_chunk_table, run_chunk_benchmark
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        result = run_chunk_benchmark(args, _backends(args, device), device)
+    except ValueError as err:
+        print(f"vidgen bench attention: error: {err}")
+        return 2
+    print(format_chunk_table(result))
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "attention-radial.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(f"table: {path}")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the benchmark, print the table, save JSON and PNG under ``args.out_dir``."""
+    if getattr(args, "radial", False):
+        return _main_radial(args)
+    args.heads, args.head_dim = args.heads or 4, args.head_dim or 64
     try:
         result = run_benchmark(args)
     except ValueError as err:  # a bad option: one line, like the CLI's usage errors

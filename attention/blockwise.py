@@ -198,3 +198,96 @@ def run_blockwise(
     """Run ``kernel`` for every call on (B, S, H, D) tensors and stitch the outputs along S."""
     outputs = [out for call in calls for out in _run_call(q, k, v, call, kernel)]
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)  # (B, S_q, H, D)
+
+
+# ----------------------------------------------------------------------------- rectangles
+# A second way to run a key-ranged pattern, without gathering keys: cover the visible pairs with
+# rectangles (a run of consecutive query groups x one contiguous key range they all see), attend
+# each rectangle over views of q/k/v, and merge the partial results per query with their
+# log-sum-exp. A key range shared by many query groups (a whole nearby frame) becomes one call
+# with many queries, which CPU kernels run more efficiently than many calls with few queries.
+
+
+def plan_rectangles(
+    pattern: AttentionPattern, q_len: int, kv_len: int
+) -> tuple[tuple[int, int, int, int], ...]:
+    """``(q_start, q_end, k_start, k_end)`` rectangles covering exactly the pairs ``pattern`` shows.
+
+    Key ranges are cut at frame boundaries first, so that a whole frame seen by every group of
+    queries is one rectangle even where some groups' ranges run on into the next frame.
+    """
+    ft = pattern.frame_tokens
+    rects: list[tuple[int, int, int, int]] = []
+    open_runs: dict[tuple[int, int], tuple[int, int]] = {}  # key piece -> (q_start, q_end)
+    for group in pattern.chunk_key_ranges(q_len, kv_len):
+        pieces = set()
+        for start, end in group.key_ranges:
+            while start < end:
+                cut = min(end, (start // ft + 1) * ft)
+                pieces.add((start, cut))
+                start = cut
+        for piece in [p for p in open_runs if p not in pieces]:
+            rects.append((*open_runs.pop(piece), *piece))
+        for piece in sorted(pieces):
+            run = open_runs.get(piece)
+            if run is not None and run[1] == group.query_start:
+                open_runs[piece] = (run[0], group.query_end)
+            else:
+                if run is not None:
+                    rects.append((*run, *piece))
+                open_runs[piece] = (group.query_start, group.query_end)
+    rects.extend((*run, *piece) for piece, run in open_runs.items())
+    # join rectangles over the same queries whose keys are adjacent (fewer, larger calls)
+    rects.sort()
+    joined: list[tuple[int, int, int, int]] = []
+    for rect in rects:
+        last = joined[-1] if joined else None
+        if last is not None and last[:2] == rect[:2] and last[3] == rect[2]:
+            joined[-1] = (last[0], last[1], last[2], rect[3])
+        else:
+            joined.append(rect)
+    return tuple(joined)
+
+
+_RECTANGLES: LRUCache[tuple[tuple[int, int, int, int], ...]] = LRUCache(maxsize=32)
+
+
+def cached_rectangles(
+    pattern: AttentionPattern, q_len: int, kv_len: int
+) -> tuple[tuple[int, int, int, int], ...]:
+    """:func:`plan_rectangles`, cached by pattern and lengths."""
+    key = (pattern, q_len, kv_len)
+    return _RECTANGLES.get_or_create(key, lambda: plan_rectangles(pattern, q_len, kv_len))
+
+
+def run_rectangles(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rects: tuple[tuple[int, int, int, int], ...],
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention over ``rects`` on (B, S, H, D) CPU tensors, no grad; (B, S_q, H, D) out.
+
+    Each rectangle runs torch's CPU flash kernel, which also returns the log-sum-exp of its
+    scores; partial outputs are merged per query in float32 as in flash-decoding.
+    """
+    kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    batch, q_len, heads, dim = q.shape
+    out = q.new_zeros(batch, q_len, heads, dim, dtype=torch.float32)
+    lse = q.new_full((batch, q_len, heads), float("-inf"), dtype=torch.float32)
+    for q_start, q_end, k_start, k_end in rects:
+        part, part_lse = kernel(
+            q[:, q_start:q_end].transpose(1, 2),  # (B, H, S, D) views
+            k[:, k_start:k_end].transpose(1, 2),
+            v[:, k_start:k_end].transpose(1, 2),
+            scale=scale,
+        )
+        part_lse = part_lse.transpose(1, 2)  # (B, S_q, H)
+        old = lse[:, q_start:q_end]
+        new = torch.logaddexp(old, part_lse)
+        rows = out[:, q_start:q_end]
+        rows.mul_((old - new).exp_().unsqueeze(-1))
+        rows.add_(part.transpose(1, 2).float() * (part_lse - new).exp_().unsqueeze(-1))
+        lse[:, q_start:q_end] = new
+    return out.to(q.dtype)

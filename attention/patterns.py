@@ -10,7 +10,13 @@ turn into their own kernels:
   attention biases;
 * :meth:`AttentionPattern.chunk_key_ranges`: for the block-structured kinds
   (``block_causal``, ``sliding_window``), the contiguous key ranges each query chunk sees, so
-  that a backend can run attention chunk by chunk at a cost linear in the sequence length.
+  that a backend can run attention chunk by chunk at a cost linear in the sequence length;
+  for ``radial``, the ranges each query tile (a few rows of one frame) sees.
+
+``radial`` is the pattern generation uses for a chunk over its KV cache
+(``generation.attention = "radial"``): it carries the frame layout of the keys (which frame of
+the video each key frame is, which are sinks, the (h, w) grid), because the cache's ring holds
+the window out of time order.
 
 Positions. Tokens are indexed along the sequence axis ``S`` of the ``(B, S, H, D)`` layout.
 A token's frame is ``index // frame_tokens`` and its chunk is ``frame // chunk_frames``;
@@ -25,7 +31,8 @@ causal attention with a KV cache. Only the ``full`` kind allows ``q_len > kv_len
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
@@ -44,11 +51,20 @@ class PatternKind(str, Enum):
     """Block-causal, limited to a window of frames before the query's chunk, plus sink frames."""
     TILE = "tile"
     """Bidirectional sliding-tile attention over the (t, y, x) token grid."""
+    RADIAL = "radial"
+    """A chunk against a KV cache: dense for the nearest frames, a band of rows around the query's
+    tile in farther frames that narrows with temporal distance (radial attention)."""
 
 
 BLOCK_STRUCTURED = frozenset({PatternKind.BLOCK_CAUSAL, PatternKind.SLIDING_WINDOW})
 """Kinds whose visibility depends only on the query's chunk: every query of a chunk sees the
 same keys, so attention can be run chunk by chunk without a mask."""
+
+
+KEY_RANGED = BLOCK_STRUCTURED | {PatternKind.RADIAL}
+"""Kinds whose queries fall into groups (a chunk; radial: a tile of rows in one frame) that see the
+same contiguous key ranges, so that attention runs group by group without a mask
+(:meth:`AttentionPattern.chunk_key_ranges`)."""
 
 
 class ChunkKeyRanges(NamedTuple):
@@ -62,6 +78,12 @@ class ChunkKeyRanges(NamedTuple):
     query_start: int
     query_end: int
     key_ranges: tuple[tuple[int, int], ...]
+
+
+@functools.lru_cache(maxsize=64)
+def _frame_times_on(frame_times: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``frame_times`` as a tensor on ``device``, made once (FlexAttention's mask_mod captures it)."""
+    return torch.tensor(frame_times, dtype=torch.long, device=device)
 
 
 def _as_triple(value: int | tuple[int, ...], name: str) -> tuple[int, int, int]:
@@ -90,11 +112,21 @@ class AttentionPattern:
     sink_frames: int = 0
     """sliding_window: the first frames of the video, always visible; a multiple of chunk_frames."""
     frame_size: tuple[int, int] | None = None
-    """tile: the (h, w) of one frame, in tokens. Tokens are laid out frame-major, (t, y, x)."""
+    """tile, radial: the (h, w) of one frame, in tokens. Tokens are laid out frame-major, (t, y, x)."""
     tile_size: tuple[int, int, int] | None = None
     """tile: the (t, h, w) extent of one tile, in frames and tokens."""
     tile_window: tuple[int, int, int] | None = None
     """tile: neighbourhood radius in tiles along (t, h, w); 0 means the query's own tile only."""
+    frame_times: tuple[int, ...] | None = None
+    """radial: the latent frame index of every key frame, in sequence order, relative to the newest
+    (0); the KV cache's ring keeps frames out of time order. The first ``sink_frames`` are sinks."""
+    dense_frames: int = 0
+    """radial: key frames at most this many frames from the query's frame are seen whole."""
+    band_rows: int = 0
+    """radial: rows seen above and below the query's tile in the nearest sparse frame and in the
+    sinks; at temporal distance ``d`` it is ``band_rows * (dense_frames + 1) // d``."""
+    tile_rows: int = 0
+    """radial: queries are grouped in tiles of this many rows of one frame; a tile sees the same keys."""
 
     # ----------------------------------------------------------------- constructors
     @classmethod
@@ -139,6 +171,48 @@ class AttentionPattern:
             tile_window=_as_triple(tile_window, "tile_window"),
         )
 
+    @classmethod
+    def radial(
+        cls,
+        frame_size: tuple[int, int],
+        key_frames: Sequence[int],
+        *,
+        chunk_frames: int,
+        query_frames: int | None = None,
+        sink_frames: int = 0,
+        dense_frames: int = 1,
+        band_rows: int | None = None,
+        tile_rows: int | None = None,
+    ) -> AttentionPattern:
+        """Radial attention of a chunk over a KV cache (keys = cached frames, then the queries' frames).
+
+        ``key_frames`` are the absolute latent frame indices of the key sequence frame by frame
+        (the cache's ``cached_frames`` followed by the chunk's); the queries are the last
+        ``query_frames`` (default ``chunk_frames``) of them. Cached frames with an index below
+        ``sink_frames`` are sinks. Defaults scale with the frame: query tiles of ``ceil(h / 6)``
+        rows, ``band_rows = ceil(h / 10)`` (at Wan-1.3B's 30x52 tokens, 3 sinks, 9 window frames and a
+        3-frame chunk: 38 % of the keys).
+        """
+        h, w = (int(v) for v in frame_size)
+        frames = [int(f) for f in key_frames]
+        query_frames = chunk_frames if query_frames is None else query_frames
+        if not 0 < query_frames <= len(frames):
+            raise ValueError(f"query_frames={query_frames} must be in 1..len(key_frames)={len(frames)}")
+        cached = frames[: len(frames) - query_frames]
+        sinks = next((i for i, f in enumerate(cached) if f >= sink_frames), len(cached))
+        newest = max(frames)
+        return cls(
+            PatternKind.RADIAL,
+            frame_tokens=h * w,
+            chunk_frames=chunk_frames,
+            sink_frames=sinks,
+            frame_size=(h, w),
+            frame_times=tuple(f - newest for f in frames),
+            dense_frames=dense_frames,
+            band_rows=-(-h // 10) if band_rows is None else band_rows,
+            tile_rows=-(-h // 6) if tile_rows is None else tile_rows,
+        )
+
     # ----------------------------------------------------------------- validation
     def __post_init__(self) -> None:
         try:
@@ -154,8 +228,11 @@ class AttentionPattern:
 
         self._check_window(kind)
         self._check_tiles(kind)
+        self._check_radial(kind)
 
     def _check_window(self, kind: PatternKind) -> None:
+        if kind is PatternKind.RADIAL:
+            return
         if kind is not PatternKind.SLIDING_WINDOW:
             if self.window_frames or self.sink_frames:
                 raise ValueError(
@@ -174,6 +251,8 @@ class AttentionPattern:
     def _check_tiles(self, kind: PatternKind) -> None:
         """Validate the tile fields and normalise them to tuples (``tile_window`` may be an int)."""
         fields = (self.frame_size, self.tile_size, self.tile_window)
+        if kind is PatternKind.RADIAL:
+            return
         if kind is not PatternKind.TILE:
             if any(f is not None for f in fields):
                 raise ValueError(
@@ -204,6 +283,35 @@ class AttentionPattern:
         if self.chunk_frames != 1:
             raise ValueError("chunk_frames does not apply to tile patterns; leave it at 1")
 
+    def _check_radial(self, kind: PatternKind) -> None:
+        radial = (self.frame_times, self.dense_frames, self.band_rows, self.tile_rows)
+        if kind is not PatternKind.RADIAL:
+            if radial != (None, 0, 0, 0):
+                raise ValueError(
+                    f"frame_times, dense_frames, band_rows and tile_rows apply only to radial patterns, not {kind.value}"
+                )
+            return
+        if self.frame_times is None or self.frame_size is None:
+            raise ValueError(
+                "a radial pattern needs frame_size and frame_times; use AttentionPattern.radial(...)"
+            )
+        object.__setattr__(self, "frame_size", tuple(int(v) for v in self.frame_size))
+        object.__setattr__(self, "frame_times", tuple(int(t) for t in self.frame_times))
+        h, w = self.frame_size
+        if self.frame_tokens != h * w:
+            raise ValueError(f"frame_tokens={self.frame_tokens} disagrees with frame_size={self.frame_size}")
+        if not self.frame_times:
+            raise ValueError("frame_times is empty: a radial pattern needs at least one key frame")
+        if not 0 <= self.sink_frames <= len(self.frame_times):
+            raise ValueError(
+                f"sink_frames={self.sink_frames} must be in 0..{len(self.frame_times)} (the key frames)"
+            )
+        if self.dense_frames < 0 or self.band_rows < 0 or not 1 <= self.tile_rows <= h:
+            raise ValueError(
+                f"radial needs dense_frames >= 0, band_rows >= 0 and 1 <= tile_rows <= {h} (the frame's rows); "
+                f"got {self.dense_frames}, {self.band_rows}, {self.tile_rows}"
+            )
+
     # ----------------------------------------------------------------- properties
     @property
     def chunk_tokens(self) -> int:
@@ -215,12 +323,24 @@ class AttentionPattern:
         """True when every query of a chunk sees the same keys (see :data:`BLOCK_STRUCTURED`)."""
         return self.kind in BLOCK_STRUCTURED
 
+    @property
+    def has_key_ranges(self) -> bool:
+        """True when :meth:`chunk_key_ranges` applies (see :data:`KEY_RANGED`)."""
+        return self.kind in KEY_RANGED
+
     def check_lengths(self, q_len: int, kv_len: int) -> None:
         """Raise ``ValueError`` if this pattern cannot place ``q_len`` queries over ``kv_len`` keys."""
         if q_len < 1 or kv_len < 1:
             raise ValueError(
                 f"attention needs at least one query and one key, got q_len={q_len}, kv_len={kv_len}"
             )
+        if self.kind is PatternKind.RADIAL:
+            frames = len(self.frame_times)
+            if kv_len != frames * self.frame_tokens or q_len % self.frame_tokens:
+                raise ValueError(
+                    f"this radial pattern describes {frames} key frames of {self.frame_tokens} tokens "
+                    f"({frames * self.frame_tokens} keys) and whole query frames; got q_len={q_len}, kv_len={kv_len}"
+                )
         if q_len > kv_len and self.kind is not PatternKind.FULL:
             raise ValueError(
                 f"a {self.kind.value} pattern needs q_len <= kv_len (queries are the last q_len positions "
@@ -239,6 +359,8 @@ class AttentionPattern:
             return (q_pos >= 0) & (k_pos >= 0)
         if self.kind is PatternKind.TILE:
             return self._tile_visible(q_pos, k_pos)
+        if self.kind is PatternKind.RADIAL:
+            return self._radial_visible(q_pos, k_pos, _frame_times_on(self.frame_times, q_pos.device))
         q_chunk = q_pos // self.chunk_tokens
         causal = k_pos // self.chunk_tokens <= q_chunk
         if self.kind is PatternKind.BLOCK_CAUSAL:
@@ -261,6 +383,28 @@ class AttentionPattern:
         kt, ky, kx = tile_coords(k_pos)
         return ((qt - kt).abs() <= rt) & ((qy - ky).abs() <= rh) & ((qx - kx).abs() <= rw)
 
+    def _radial_visible(self, q_pos: torch.Tensor, k_pos: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
+        _, w = self.frame_size
+        ft, c = self.frame_tokens, self.chunk_frames
+        last = len(self.frame_times) - 1
+        q_frame, k_frame = (
+            (q_pos // ft).clamp(max=last),
+            (k_pos // ft).clamp(max=last),
+        )  # clamp: padded blocks
+        q_time, k_time = times[q_frame], times[k_frame]
+        # chunks count back from the newest frame (time 0): no key from a later chunk than the query's
+        causal = (k_time + c - 1) // c <= (q_time + c - 1) // c
+        distance = (q_time - k_time).abs()
+        radius = torch.where(
+            k_frame < self.sink_frames,
+            self.band_rows,
+            self.band_rows * (self.dense_frames + 1) // distance.clamp(min=1),
+        )
+        tile_start = (q_pos % ft) // w // self.tile_rows * self.tile_rows
+        k_row = (k_pos % ft) // w
+        in_band = (k_row >= tile_start - radius) & (k_row < tile_start + self.tile_rows + radius)
+        return causal & ((distance <= self.dense_frames) | in_band)
+
     @property
     def mask_mod(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
         """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx)`` for ``q_len == kv_len`` (index = position).
@@ -271,14 +415,24 @@ class AttentionPattern:
         return self._shifted_mask_mod(0)
 
     def mask_mod_for(
-        self, q_len: int, kv_len: int
+        self, q_len: int, kv_len: int, device: torch.device | str | None = None
     ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
-        """A FlexAttention ``mask_mod`` with the suffix alignment for ``q_len`` queries over ``kv_len`` keys."""
+        """A FlexAttention ``mask_mod`` with the suffix alignment for ``q_len`` queries over ``kv_len``
+        keys, for tensors on ``device`` (radial patterns capture their frame times there)."""
         self.check_lengths(q_len, kv_len)
-        return self._shifted_mask_mod(max(kv_len - q_len, 0))
+        return self._shifted_mask_mod(max(kv_len - q_len, 0), device)
 
-    def _shifted_mask_mod(self, offset: int):
+    def _shifted_mask_mod(self, offset: int, device: torch.device | str | None = None):
         visible = self.visible
+        if self.kind is PatternKind.RADIAL:
+            # the frame times are made here, outside the traced function, and captured by it
+            times = torch.tensor(self.frame_times, dtype=torch.long, device=device)
+            radial = self._radial_visible
+
+            def radial_mask_mod(b, h, q_idx, kv_idx):
+                return radial(q_idx + offset, kv_idx, times)
+
+            return radial_mask_mod
 
         def mask_mod(b, h, q_idx, kv_idx):
             return visible(q_idx + offset, kv_idx)
@@ -295,17 +449,19 @@ class AttentionPattern:
 
     # ----------------------------------------------------------------- block structure
     def chunk_key_ranges(self, q_len: int, kv_len: int) -> list[ChunkKeyRanges]:
-        """For each query chunk, the key ranges it sees (block_causal and sliding_window only).
+        """For each query chunk (radial: query tile), the key ranges it sees (see :data:`KEY_RANGED`).
 
         The first and last query chunks may be partial (suffix alignment, odd lengths). The
         number of visible keys per chunk is bounded by window + sinks + one chunk, which is what
         makes chunk-by-chunk attention linear in the sequence length.
         """
-        if not self.is_block_structured:
+        if not self.has_key_ranges:
             raise ValueError(
-                f"chunk_key_ranges needs a block_causal or sliding_window pattern, not {self.kind.value}"
+                f"chunk_key_ranges needs a block_causal, sliding_window or radial pattern, not {self.kind.value}"
             )
         self.check_lengths(q_len, kv_len)
+        if self.kind is PatternKind.RADIAL:
+            return self._radial_key_ranges(q_len, kv_len)
         offset = kv_len - q_len
         ct, ft = self.chunk_tokens, self.frame_tokens
         chunks = []
@@ -326,16 +482,54 @@ class AttentionPattern:
             chunks.append(ChunkKeyRanges(q_start - offset, q_end - offset, ranges))
         return chunks
 
+    def _radial_key_ranges(self, q_len: int, kv_len: int) -> list[ChunkKeyRanges]:
+        """One entry per query tile (``tile_rows`` rows of one frame): per key frame, the whole
+        frame, a band of rows, or nothing; the same rule as :meth:`_radial_visible`."""
+        h, w = self.frame_size
+        ft, c, times = self.frame_tokens, self.chunk_frames, self.frame_times
+        first_query_frame = (kv_len - q_len) // ft
+        tiles = []
+        for q_frame in range(first_query_frame, len(times)):
+            q_time = times[q_frame]
+            for tile_start in range(0, h, self.tile_rows):
+                tile_end = min(tile_start + self.tile_rows, h)
+                ranges: list[tuple[int, int]] = []
+                for k_frame, k_time in enumerate(times):
+                    if (k_time + c - 1) // c > (q_time + c - 1) // c:
+                        continue
+                    distance = abs(q_time - k_time)
+                    if distance <= self.dense_frames:
+                        rows = (0, h)
+                    else:
+                        radius = self.band_rows
+                        if k_frame >= self.sink_frames:
+                            radius = self.band_rows * (self.dense_frames + 1) // distance
+                        rows = (max(tile_start - radius, 0), min(tile_end + radius, h))
+                    start, end = k_frame * ft + rows[0] * w, k_frame * ft + rows[1] * w
+                    if ranges and ranges[-1][1] == start:  # adjacent: merge
+                        ranges[-1] = (ranges[-1][0], end)
+                    else:
+                        ranges.append((start, end))
+                offset = kv_len - q_len
+                tiles.append(
+                    ChunkKeyRanges(
+                        q_frame * ft + tile_start * w - offset,
+                        q_frame * ft + tile_end * w - offset,
+                        tuple(ranges),
+                    )
+                )
+        return tiles
+
     def density(self, q_len: int, kv_len: int) -> float:
         """Fraction of (query, key) pairs that are visible: 1.0 for full, small for sparse patterns.
 
-        Exact for the block-structured kinds; for ``tile`` it is the product of per-axis
+        Exact for the block-structured and radial kinds; for ``tile`` it is the product of per-axis
         fractions for the whole-frame part of the sequence (an estimate for odd lengths).
         """
         self.check_lengths(q_len, kv_len)
         if self.kind is PatternKind.FULL:
             return 1.0
-        if self.is_block_structured:
+        if self.has_key_ranges:
             seen = sum(
                 (c.query_end - c.query_start) * sum(end - start for start, end in c.key_ranges)
                 for c in self.chunk_key_ranges(q_len, kv_len)

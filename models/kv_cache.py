@@ -9,6 +9,12 @@ them whatever positions its position scheme assigns (see ``vidgen.models.rope``)
 Which frame sits in which slot is bookkeeping on the Python side (``slot_frames``): it depends only
 on the frame indices the pipeline writes, so reading it never synchronises with the device, and
 once the window is full every view has the same static shape.
+
+The attention workspace (:meth:`KVCache.workspace`) holds, per layer, the held keys already rotated
+followed by room for a chunk: ``[rotated held keys | new keys]`` and ``[held values | new values]``.
+The sampler calls the model several times per chunk with the same cache and the same positions, so
+the rotated prefix is made once per chunk instead of once per call and layer, and each call only
+writes its chunk's keys into the tail: no re-rotation and no concatenation of the whole cache.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from collections.abc import Sequence
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from vidgen.models.rope import apply_rope
 
 
 class KVCache(nn.Module):
@@ -37,8 +45,11 @@ class KVCache(nn.Module):
         window_frames: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        use_workspace: bool = True,
     ) -> None:
         super().__init__()
+        self.use_workspace = use_workspace
+        """Attend through :meth:`workspace` (False: rotate and concatenate the view in every call)."""
         if sink_frames < 0 or window_frames < 0 or sink_frames + window_frames == 0:
             raise ValueError(
                 f"KVCache needs sink_frames >= 0, window_frames >= 0 and at least one slot; "
@@ -54,6 +65,15 @@ class KVCache(nn.Module):
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         # slot -> absolute latent frame held there, -1 when empty
         self.slot_frames: list[int] = [-1] * self.capacity_frames
+        self._init_workspace()
+
+    def _init_workspace(self) -> None:
+        self.version = 0
+        """Bumped whenever the held keys/values change (commit, reset): the workspace's staleness stamp."""
+        self.workspace_refreshes = 0
+        """How many times the rotated prefix was rebuilt (once per chunk when positions stay put)."""
+        self._ws: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._ws_stamp: tuple | None = None
 
     # ---------------------------------------------------------------- bookkeeping
     def slot_of(self, frame: int) -> int | None:
@@ -83,6 +103,7 @@ class KVCache(nn.Module):
 
     def reset(self) -> None:
         self.slot_frames = [-1] * self.capacity_frames
+        self.version += 1
 
     # ---------------------------------------------------------------- reading
     # The bookkeeping is plain Python: under torch.compile it runs eagerly (a graph break), so the
@@ -139,16 +160,68 @@ class KVCache(nn.Module):
             slot = self.slot_of(frame)
             if slot is not None:
                 self.slot_frames[slot] = frame
+        self.version += 1
+
+    # ---------------------------------------------------------------- attention workspace
+    @torch.compiler.disable
+    def workspace(
+        self,
+        cache_rope: tuple[torch.Tensor, torch.Tensor],
+        stamp: object,
+        new_tokens: int,
+        dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """``(keys, values, held)``: (L, B, held + new_tokens, H, D) views whose first ``held`` tokens
+        are the held keys rotated by ``cache_rope`` (and the held values), in :meth:`view` order.
+
+        The prefix is rebuilt only when the held frames changed (:attr:`version`) or ``stamp`` (the
+        caller's position scheme, e.g. the rope shift) did; the caller writes its new keys/values
+        into ``[held, held + new_tokens)`` of its layer before attending. The buffers are sized for a
+        full cache plus ``new_tokens`` once, so the shapes stop changing when the window is full.
+        """
+        held = self.num_cached_frames * self.frame_tokens
+        need = held + new_tokens
+        if (
+            self._ws is None
+            or self._ws[0].shape[2] < need
+            or self._ws[0].dtype != dtype
+            or self._ws[0].device != self.k.device
+        ):
+            layers, batch, _, heads, dim = self.k.shape
+            size = max(need, self.capacity_frames * self.frame_tokens + new_tokens)
+            shape = (layers, batch, size, heads, dim)
+            self._ws = (
+                torch.empty(shape, dtype=dtype, device=self.k.device),
+                torch.empty(shape, dtype=dtype, device=self.k.device),
+            )
+            self._ws_stamp = None
+        keys, values = self._ws
+        if self._ws_stamp != (self.version, stamp):
+            for layer in range(self.num_layers):  # layer by layer: no (L, ...) float32 temporaries
+                k, v = self.view(layer)
+                keys[layer, :, :held] = apply_rope(k.to(dtype), *cache_rope)
+                values[layer, :, :held] = v
+            self._ws_stamp = (self.version, stamp)
+            self.workspace_refreshes += 1
+        return keys[:, :, :need], values[:, :, :need], held
 
     # ---------------------------------------------------------------- copies and files
     def clone(self) -> KVCache:
         copy = KVCache.__new__(KVCache)
         nn.Module.__init__(copy)
-        for name in ("num_layers", "frame_tokens", "sink_frames", "window_frames", "capacity_frames"):
+        for name in (
+            "num_layers",
+            "frame_tokens",
+            "sink_frames",
+            "window_frames",
+            "capacity_frames",
+            "use_workspace",
+        ):
             setattr(copy, name, getattr(self, name))
         copy.register_buffer("k", self.k.clone(), persistent=False)
         copy.register_buffer("v", self.v.clone(), persistent=False)
         copy.slot_frames = list(self.slot_frames)
+        copy._init_workspace()
         return copy
 
     def metadata(self) -> dict[str, str]:

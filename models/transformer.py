@@ -196,6 +196,9 @@ class SelfAttentionContext:
     write_frame: int | None = None  # first latent frame to write into the cache, None: read only
     frame_tokens: int = 0  # tokens per latent frame in the blocks' input (per-frame modulation)
     parallel: SequenceParallel | None = None  # None: the blocks see every token
+    # what the cached keys' rotation depends on besides the held frames (KVCache.workspace);
+    # None: rotate and concatenate the cache view in every layer
+    cache_stamp: tuple | None = None
 
 
 class SequenceParallel(Protocol):
@@ -239,15 +242,27 @@ def attend(
     new_key = apply_rope(key, *ctx.rope)
     if ctx.kv_cache is None:
         return dispatch_attention(query, new_key, value, pattern=ctx.pattern)
+    if ctx.cache_stamp is not None:  # the cache is rotated once per chunk: write this call's tail
+        keys, values, held = ctx.kv_cache.workspace(ctx.cache_rope, ctx.cache_stamp, key.shape[1], key.dtype)
+        all_key, all_value = keys[layer], values[layer]  # (B, held + S, H, D)
+        all_key[:, held:].copy_(new_key)
+        all_value[:, held:].copy_(value)
+    else:
+        all_key, all_value = _cache_and_new(key, value, new_key, ctx, layer)
+    out = dispatch_attention(query, all_key, all_value, pattern=ctx.pattern)
+    if ctx.write_frame is not None:  # only now: the write may overwrite slots read above
+        ctx.kv_cache.write(layer, key, value, ctx.write_frame)
+    return out
+
+
+def _cache_and_new(key, value, new_key, ctx: SelfAttentionContext, layer: int):
+    """[rotated cache view | new keys] and [cache view | new values], concatenated for this call."""
     cached_key, cached_value = ctx.kv_cache.view(layer)  # views into the buffers
     all_key, all_value = new_key, value
     if cached_key.shape[1]:
         all_key = torch.cat([apply_rope(cached_key.to(key.dtype), *ctx.cache_rope), new_key], dim=1)
         all_value = torch.cat([cached_value.to(value.dtype), value], dim=1)
-    out = dispatch_attention(query, all_key, all_value, pattern=ctx.pattern)
-    if ctx.write_frame is not None:  # only now: the write may overwrite slots read above
-        ctx.kv_cache.write(layer, key, value, ctx.write_frame)
-    return out
+    return all_key, all_value
 
 
 def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, frame_tokens: int) -> torch.Tensor:
@@ -522,6 +537,8 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):
                 frame_positions(kv_cache.frame_index(device), shift, sinks), grid_h, grid_w
             )
             ctx.write_frame = frame_offset if update_cache else None
+            if sequence_parallel is None and kv_cache.use_workspace:
+                ctx.cache_stamp = (shift, grid_h, grid_w)
 
         # 2. patchify: (B, C, F, H, W) -> (B, F * H' * W', D)
         x = self.patch_embedding(hidden_states).flatten(2).transpose(1, 2).contiguous()

@@ -46,6 +46,7 @@ class ChunkDenoiser:
         context_noise: float = 0.0,
         chunk_frames: int = 1,
         autocast: torch.dtype | None = None,
+        attention: str = "dense",
     ) -> None:
         self.model = model
         self.autocast = autocast
@@ -53,10 +54,21 @@ class ChunkDenoiser:
         self.rope_mode = RopePositionMode(rope_mode)
         self.context_noise = context_noise
         self.chunk_frames = chunk_frames
+        self.attention = attention
+        """``dense`` or ``radial`` (``generation.attention``)."""
 
-    def _pattern(self, latents: torch.Tensor) -> AttentionPattern | None:
-        """Block-causal among several chunks in flight; one chunk sees everything it is given."""
+    def _pattern(self, latents: torch.Tensor, cache: KVCache, frame_offset: int) -> AttentionPattern | None:
+        """Dense: block-causal among several chunks in flight, one chunk sees everything it is given.
+        Radial: the frame layout of [cached frames | these frames] for a radial pattern."""
         frames, height, width = latents.shape[2:]
+        if self.attention == "radial":
+            return AttentionPattern.radial(
+                self.model.latent_grid(height, width),
+                cache.cached_frames + list(range(frame_offset, frame_offset + frames)),
+                chunk_frames=self.chunk_frames,
+                query_frames=frames,
+                sink_frames=cache.sink_frames,
+            )
         if frames <= self.chunk_frames:
             return None
         return AttentionPattern.block_causal(self.model.frame_tokens(height, width), self.chunk_frames)
@@ -93,7 +105,7 @@ class ChunkDenoiser:
             frame_offset=frame_offset,
             update_cache=update_cache,
             rope_mode=self.rope_mode,
-            attention_pattern=self._pattern(latents),
+            attention_pattern=self._pattern(latents, cache, frame_offset),
             return_dict=False,
         )[0]
 

@@ -46,6 +46,7 @@ from vidgen.pipelines.vae_stream import (
     spatial_factor,
     streaming_decoder,
     temporal_factor,
+    video_to_uint8,
 )
 
 Storyboard = list[tuple[float, str]]
@@ -204,11 +205,13 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             self.text_encoder.to(self.text_encoder.device)  # moving drops its cached prompt embeddings
         self._text_contexts.clear()
 
-    def compile(self) -> None:
+    def compile(self, mode: str | None = None) -> None:
         """torch.compile every transformer block (dynamic shapes: the cache fills up over the first
-        chunks). The KV cache bookkeeping stays eager; the first chunks pay the compile time."""
+        chunks). The KV cache bookkeeping stays eager; the first chunks pay the compile time.
+        ``mode``: torch.compile's mode (default: ``runtime.compile_mode``)."""
+        mode = mode or self.config.runtime.compile_mode
         for block in self.transformer.blocks:
-            block.compile(dynamic=True)
+            block.compile(dynamic=True, mode=None if mode == "default" else mode)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         if getattr(self.transformer, "peft_config", None):  # peft's layers would be saved under other names
@@ -651,7 +654,7 @@ def decode_to_frames(decoder, latents: torch.Tensor, latent_start: int) -> np.nd
     """A chunk's (T, H, W, 3) uint8 frames from its latents, through a stateful streaming decoder
     (``vae_stream.streaming_decoder``) that has decoded the chunks before it."""
     video = decoder.decode(latents, latent_start)  # (1, 3, T, H, W) in [-1, 1]
-    return ((video[0].permute(1, 2, 3, 0) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).cpu().numpy()
+    return video_to_uint8(video).cpu().numpy()
 
 
 @dataclass
@@ -696,6 +699,7 @@ class _Run:
             context_noise=g.addnoise_condition,
             chunk_frames=g.chunk_frames,
             autocast=autocast_dtype(config.runtime.autocast, pipe.device),
+            attention=g.attention,
         )
         self.history: dict[int, torch.Tensor] = {}  # latent frame -> (1, C, 1, h, w), the cached frames
         self.decoder = streaming_decoder(pipe.vae) if decode else None  # None: decoded elsewhere

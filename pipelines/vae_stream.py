@@ -38,6 +38,11 @@ def spatial_factor(vae) -> int:
     return int(getattr(vae.config, "scale_factor_spatial", None) or 8)
 
 
+def video_to_uint8(video: torch.Tensor) -> torch.Tensor:
+    """(1, 3, T, H, W) decoded video in [-1, 1] -> (T, H, W, 3) uint8 RGB, on the video's device."""
+    return ((video[0].permute(1, 2, 3, 0) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
+
+
 def frames_of_latents(first_latent: int, count: int, t: int) -> tuple[int, int]:
     """Video frame range ``[start, end)`` decoded from latent frames ``first_latent .. + count``."""
 

@@ -48,12 +48,14 @@ TextConditioning = Literal["single", "with_previous"]
 GenerationMode = Literal["chunkwise", "diffusion_forcing"]
 SamplerName = Literal["euler", "x0_renoise"]
 RopeMode = Literal["absolute", "rolling"]
+AttentionSparsity = Literal["dense", "radial"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 Autocast = Literal["auto", "off", "bfloat16"]
 Device = Literal["auto", "cpu", "cuda"]
 Quantize = Literal["none", "int8", "fp8"]
 Vocabulary = Literal["", "shapes_world"]
 SequenceParallelKind = Literal["auto", "ulysses", "ring"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"]
 
 
 @dataclass
@@ -136,6 +138,10 @@ class GenerationConfig:
     """Chunks over which a prompt change is phased in."""
     max_seconds: float = 3600.0
     """Longest video a request may ask for (``--seconds``); generation itself has no limit."""
+    attention: AttentionSparsity = "dense"
+    """Self-attention of a chunk over the cache: ``dense`` (every cached key), or ``radial``: the
+    nearest frames whole, a band of rows that narrows with temporal distance in the others and in
+    the sinks (about 38 % of the keys at Wan-1.3B's 832x480, see ``AttentionPattern.radial``)."""
 
     def __post_init__(self) -> None:
         for name in ("height", "width", "fps", "num_inference_steps", "chunk_frames", "ar_step"):
@@ -148,6 +154,7 @@ class GenerationConfig:
         _check_choice("generation.sampler", self.sampler, get_args(SamplerName))
         _check_choice("generation.rope_mode", self.rope_mode, get_args(RopeMode))
         _check_choice("generation.mode", self.mode, get_args(GenerationMode))
+        _check_choice("generation.attention", self.attention, get_args(AttentionSparsity))
         if not 0.0 <= self.addnoise_condition < 1.0:
             raise ConfigError(
                 f"generation.addnoise_condition is a noise level in [0, 1), got {self.addnoise_condition}"
@@ -223,6 +230,10 @@ class RuntimeConfig:
     """Force an attention backend (sdpa, flex, flash, xformers); empty: automatic."""
     compile: bool = False
     """torch.compile the transformer's per-chunk step."""
+    compile_mode: CompileMode = "default"
+    """torch.compile's mode with ``compile``: ``reduce-overhead`` captures CUDA graphs (one per
+    cache length: the shapes stop changing once the window is full), ``max-autotune-no-cudagraphs``
+    tunes the GPU kernels."""
     cpu_offload: bool = False
     """Keep only the running component on the accelerator (accelerate hooks)."""
     threads: int = 0
@@ -243,6 +254,7 @@ class RuntimeConfig:
         _check_choice("runtime.quantize", self.quantize, get_args(Quantize))
         _check_choice("runtime.dtype", self.dtype, get_args(Dtype))
         _check_choice("runtime.autocast", self.autocast, get_args(Autocast))
+        _check_choice("runtime.compile_mode", self.compile_mode, get_args(CompileMode))
         _check_positive("runtime.threads", self.threads, allow_zero=True)
         if self.attention_backend:
             _check_choice(

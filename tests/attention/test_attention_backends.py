@@ -34,12 +34,36 @@ CASES = [
     ("window-zero-window", AttentionPattern.sliding_window(4, 1, 0, sink_frames=1), 33, 33),
     ("window-suffix-with-sinks", AttentionPattern.sliding_window(3, 1, 2, sink_frames=1), 9, 61),
     ("window-one-query", AttentionPattern.sliding_window(3, 1, 2, sink_frames=1), 1, 61),
+    # radial: a chunk over a ring-wrapped cache (sinks 0-1, window 5,6,3,4), two chunks in flight,
+    # and frames of 150 tokens that straddle FlexAttention's 128-token blocks
+    (
+        "radial-ring",
+        AttentionPattern.radial(
+            (3, 4), [0, 1, 5, 6, 3, 4, 7, 8], chunk_frames=2, sink_frames=2, band_rows=1, tile_rows=2
+        ),
+        24,
+        96,
+    ),
+    (
+        "radial-two-chunks",
+        AttentionPattern.radial(
+            (3, 4), range(6), chunk_frames=2, query_frames=4, dense_frames=0, band_rows=0, tile_rows=1
+        ),
+        48,
+        72,
+    ),
+    (
+        "radial-crosses-flex-blocks",
+        AttentionPattern.radial((6, 25), range(6), chunk_frames=2, sink_frames=2, band_rows=1, tile_rows=2),
+        300,
+        900,
+    ),
     ("tile-partial-tiles", AttentionPattern.tiles((3, 5), (2, 2, 2), 1), 70, 70),
     ("tile-suffix", AttentionPattern.tiles((3, 5), (1, 2, 3), (0, 1, 1)), 17, 70),
     ("window-crosses-flex-blocks", AttentionPattern.sliding_window(40, 1, 2, sink_frames=1), 300, 300),
 ]
 CASE_IDS = [c[0] for c in CASES]
-BLOCK_CASES = [c for c in CASES if c[1].is_block_structured]
+BLOCK_CASES = [c for c in CASES if c[1].has_key_ranges]
 
 
 @pytest.fixture(
@@ -86,6 +110,16 @@ def test_flex_compiled_matches_reference(monkeypatch, make_qkv, reference):
         out = dispatch_attention(q, k, v, pattern=pattern, backend="flex")
         _check(out, reference(q, k, v, pattern))
     assert backend_flex._compiled_fn is not None and not backend_flex._compile_failed
+
+
+@pytest.mark.slow
+def test_flex_compiled_radial_matches_reference(monkeypatch, make_qkv, reference):
+    # the compiled kernel evaluates mask_mod with the frame times captured as a tensor
+    monkeypatch.setenv("VIDGEN_FLEX_COMPILE", "1")
+    for _, pattern, q_len, kv_len in [c for c in CASES if c[0].startswith("radial")]:
+        q, k, v = make_qkv(1, q_len, kv_len, dim=16)
+        _check(dispatch_attention(q, k, v, pattern=pattern, backend="flex"), reference(q, k, v, pattern))
+    assert not backend_flex._compile_failed
 
 
 @pytest.mark.parametrize(
@@ -302,3 +336,29 @@ def test_xformers_matches_reference(name, pattern, q_len, kv_len, make_qkv, refe
     q, k, v = (t.cuda() for t in make_qkv(1, q_len, kv_len, dim=64))
     out = dispatch_attention(q, k, v, pattern=pattern, backend="xformers")
     torch.testing.assert_close(out.double(), reference(q, k, v, pattern), atol=1e-4, rtol=0)
+
+
+RADIAL_CASES = [c for c in CASES if c[1].kind.value == "radial"]
+
+
+@pytest.mark.parametrize(
+    ("name", "pattern", "q_len", "kv_len"), RADIAL_CASES, ids=[c[0] for c in RADIAL_CASES]
+)
+def test_sdpa_rectangles_match_reference(name, pattern, q_len, kv_len, make_qkv, reference):
+    # the rectangles tile the mask exactly once, and merging their log-sum-exps gives the softmax
+    covered = torch.zeros(q_len, kv_len, dtype=torch.int32)
+    for q0, q1, k0, k1 in blockwise.plan_rectangles(pattern, q_len, kv_len):
+        covered[q0:q1, k0:k1] += 1
+    assert torch.equal(covered, pattern.dense_mask(q_len, kv_len).int())
+    q, k, v = make_qkv(2, q_len, kv_len)
+    with torch.no_grad():
+        _check(backend_sdpa.sdpa_attention(q, k, v, pattern, mode="rectangles"), reference(q, k, v, pattern))
+
+
+def test_sdpa_picks_rectangles_for_radial_inference_only(make_qkv):
+    pattern = AttentionPattern.radial((20, 20), range(6), chunk_frames=2, sink_frames=2)
+    q, k, v = make_qkv(1, 800, 2400)  # 1.9M pairs: past BLOCKWISE_MIN_PAIRS
+    assert backend_sdpa.uses_rectangles(pattern, q, k, v)
+    assert not backend_sdpa.uses_rectangles(AttentionPattern.sliding_window(40, 1, 2), q, k, v)
+    q.requires_grad_()
+    assert not backend_sdpa.uses_rectangles(pattern, q, k, v)  # training: blockwise has a backward

@@ -66,3 +66,33 @@ def test_unusable_backend_is_refused(tmp_path, capsys):
         pytest.skip("xformers is usable here")
     assert benchmark.main(args) == 2
     assert "xformers is not installed" in capsys.readouterr().out
+
+
+def test_radial_key_layout_is_the_kv_cache_order():
+    from vidgen.attention.benchmark_chunk import cache_layout
+    from vidgen.models import KVCache
+
+    cache = KVCache(num_layers=1, batch_size=1, num_heads=1, head_dim=2, frame_tokens=1, sink_frames=3,
+                    window_frames=9)  # fmt: skip
+    for chunks_done in range(9):
+        assert cache_layout(3, 9, 3, chunks_done) == cache.cached_frames + [
+            3 * chunks_done + i for i in range(3)
+        ]
+        cache.commit(3 * chunks_done, 3)
+
+
+def test_radial_benchmark_writes_dense_and_radial_rows(tmp_path, capsys):
+    args = parse(
+        ["--radial", "--frame-size", "6x5", "--heads", "1", "--head-dim", "8", "--repeats", "1",
+         "--backends", "sdpa", "--device", "cpu", "--out-dir", str(tmp_path)]
+    )  # fmt: skip
+    assert benchmark.main(args) == 0
+    assert "dense / radial (sdpa)" in capsys.readouterr().out
+    result = json.loads((tmp_path / "attention-radial.json").read_text())
+    c = result["config"]
+    assert (c["q_len"], c["kv_len"]) == (3 * 30, 15 * 30)
+    assert c["key_frames"][-3:] == sorted(c["key_frames"])[-3:] and c["key_frames"] != sorted(c["key_frames"])
+    dense, radial = result["rows"]
+    assert dense["variant"] == "dense sdpa" and radial["variant"] == "radial sdpa"
+    assert radial["speedup_vs_dense"] == pytest.approx(dense["ms"] / radial["ms"])
+    assert 0 < c["density"] < 1 and radial["rel_error"] > 0  # keys are dropped, so the output moves

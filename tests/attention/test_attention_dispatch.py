@@ -100,7 +100,7 @@ def test_backend_status_covers_every_backend():
     assert statuses["sdpa"].usable and statuses["sdpa"].reason is None
     assert statuses["sdpa"].grad_devices and "cpu" in statuses["sdpa"].devices
     assert statuses["flex"].usable and statuses["flex"].grad_devices == ("cuda",)
-    assert statuses["flash"].kinds == ("block_causal", "full", "sliding_window")
+    assert statuses["flash"].kinds == ("block_causal", "full", "radial", "sliding_window")
     assert {"sdpa", "flex"} <= set(available_backends())
     assert str(statuses["sdpa"]).startswith("sdpa") and "usable" in str(statuses["sdpa"])
 

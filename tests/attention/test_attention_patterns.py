@@ -230,5 +230,87 @@ def test_invalid_patterns_say_what_to_change(build, message):
 def test_more_queries_than_keys_only_for_full():
     with pytest.raises(ValueError, match="q_len <= kv_len"):
         AttentionPattern.block_causal(2).dense_mask(5, 4)
-    with pytest.raises(ValueError, match="block_causal or sliding_window"):
+    with pytest.raises(ValueError, match="block_causal, sliding_window or radial"):
         AttentionPattern.full().chunk_key_ranges(4, 4)
+
+
+# --------------------------------------------------------------------------- radial
+def test_radial_by_hand():
+    # frames of 3 rows x 1 column; key frames: sink 0, window 3, 2 (ring order), then the chunk 4-5;
+    # chunks of 2 frames, query tiles of 1 row, dense within 1 frame, a band of 1 row at distance 2
+    pattern = AttentionPattern.radial(
+        (3, 1), [0, 3, 2, 4, 5], chunk_frames=2, sink_frames=1, dense_frames=1, band_rows=1, tile_rows=1
+    )
+    assert pattern.frame_times == (-5, -2, -3, -1, 0) and pattern.sink_frames == 1
+    # columns: sink 0 (band 1 always) | frame 3 | frame 2 | frame 4 | frame 5
+    rows = [
+        # frame 4: frame 3 is 1 away (dense), frame 2 is 2 away (radius 1 * 2 // 2 = 1)
+        "xx. xxx xx. xxx xxx",
+        "xxx xxx xxx xxx xxx",
+        ".xx xxx .xx xxx xxx",
+        # frame 5: frame 3 is 2 away (radius 1), frame 2 is 3 away (radius 2 // 3 = 0: own row)
+        "xx. xx. x.. xxx xxx",
+        "xxx xxx .x. xxx xxx",
+        ".xx .xx ..x xxx xxx",
+    ]
+    expected = as_bool([r.replace(" ", "") for r in rows])
+    assert torch.equal(pattern.dense_mask(6, 15), expected)
+    assert pattern.density(6, 15) == pytest.approx(expected.float().mean().item())
+
+
+@pytest.mark.parametrize(
+    ("keys", "query_frames", "chunk"),
+    [
+        ([0, 1, 2, 9, 10, 11, 3, 4, 5, 6, 7, 8, 12, 13, 14], 3, 3),  # Wan-like ring, wrapped
+        ([0, 1, 2], 3, 3),  # the first chunk: no cache
+        ([0, 1, 2, 3, 4, 5, 6, 7], 4, 2),  # two chunks in flight: block-causal between them
+    ],
+    ids=["ring", "first-chunk", "two-chunks"],
+)
+def test_radial_key_ranges_are_its_mask(keys, query_frames, chunk):
+    # the tile-by-tile ranges (sdpa, flash, block masks) and the predicate (mask_mod) must agree
+    pattern = AttentionPattern.radial(
+        (7, 3), keys, chunk_frames=chunk, query_frames=query_frames, sink_frames=3, band_rows=2, tile_rows=3
+    )
+    q_len, kv_len = query_frames * 21, len(keys) * 21
+    from_ranges = torch.zeros(q_len, kv_len, dtype=torch.bool)
+    for tile in pattern.chunk_key_ranges(q_len, kv_len):
+        for start, end in tile.key_ranges:
+            from_ranges[tile.query_start : tile.query_end, start:end] = True
+    mask = pattern.dense_mask(q_len, kv_len)
+    assert torch.equal(from_ranges, mask)
+    if query_frames > chunk:  # the first chunk in flight never sees the second
+        assert not mask[: chunk * 21, -chunk * 21 :].any()
+
+
+def test_radial_density_at_wan_geometry():
+    # 3 sinks, 9 window frames, a 3-frame chunk of 30x52 tokens, default knobs: under the 40 % budget
+    keys = [0, 1, 2, *range(12, 21), 21, 22, 23]
+    pattern = AttentionPattern.radial((30, 52), keys, chunk_frames=3, sink_frames=3)
+    assert (pattern.dense_frames, pattern.band_rows, pattern.tile_rows) == (1, 3, 5)
+    density = pattern.density(4680, 23400)
+    assert 0.30 < density <= 0.40
+    assert pattern.dense_mask(4680, 23400).float().mean().item() == pytest.approx(density)
+    wider = AttentionPattern.radial((30, 52), keys, chunk_frames=3, sink_frames=3, band_rows=6)
+    assert wider.density(4680, 23400) > density
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: AttentionPattern.radial((2, 2), [0, 1], chunk_frames=1, tile_rows=3), "1 <= tile_rows <= 2"),
+        (lambda: AttentionPattern.radial((2, 2), [0], chunk_frames=1, query_frames=2), "query_frames=2"),
+        (lambda: AttentionPattern(kind="block_causal", band_rows=1), "only to radial patterns"),
+        (
+            lambda: AttentionPattern(kind="radial", frame_size=(2, 2), frame_tokens=4),
+            "needs frame_size and frame_times",
+        ),
+        (
+            lambda: AttentionPattern.radial((2, 2), [0, 1], chunk_frames=1).dense_mask(4, 12),
+            "describes 2 key frames of 4 tokens",
+        ),
+    ],
+)
+def test_invalid_radial_patterns_say_what_to_change(build, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build()

@@ -96,3 +96,50 @@ def test_load_rejects_missing_and_foreign_files(tmp_path):
 def test_invalid_geometry():
     with pytest.raises(ValueError, match="at least one slot"):
         _cache(sink_frames=0, window_frames=0)
+
+
+def test_workspace_attends_like_the_view_and_rotates_once_per_chunk():
+    # a sampler's calls per chunk (3 steps, then the cache write), a ring that wraps, and a re-cache
+    # with other values (same frames, so only the version tells the workspace it is stale): the
+    # workspace path must give bit-identical outputs and rebuild its prefix once per chunk
+    from tests.models.conftest import TINY
+    from vidgen.models import CausalWanTransformer
+
+    torch.manual_seed(0)
+    model = CausalWanTransformer(**TINY).eval()
+    text = torch.randn(1, 5, TINY["text_dim"])
+    caches = {
+        use: model.make_kv_cache(
+            batch_size=1, latent_height=4, latent_width=6, sink_frames=1, window_frames=2
+        )
+        for use in (True, False)
+    }
+    for use, cache in caches.items():
+        cache.use_workspace = use
+    outputs = {True: [], False: []}
+    chunks = 0
+    with torch.no_grad():
+        for offset in range(0, 6):  # chunks of one frame: the ring wraps from frame 3 on
+            chunks += 1
+            x = torch.randn(1, 4, 1, 4, 6)
+            for step in range(4):
+                for use, cache in caches.items():
+                    out = model(x, torch.tensor([900.0 - 200 * step]), text, kv_cache=cache,
+                                frame_offset=offset, update_cache=step == 3, rope_mode="rolling",
+                                return_dict=False)[0]  # fmt: skip
+                    outputs[use].append(out)
+        for use, cache in caches.items():  # re-cache: same frames, new values
+            frames = cache.cached_frames
+            cache.reset()
+            for frame in frames:
+                model(torch.randn(1, 4, 1, 4, 6, generator=torch.Generator().manual_seed(frame)),
+                      torch.tensor([0.0]), text, kv_cache=cache, frame_offset=frame, update_cache=True,
+                      rope_mode="rolling")  # fmt: skip
+            x = torch.randn(1, 4, 1, 4, 6, generator=torch.Generator().manual_seed(99))
+            out = model(x, torch.tensor([500.0]), text, kv_cache=cache, frame_offset=6, rope_mode="rolling")
+            outputs[use].append(out.sample)
+    for a, b in zip(outputs[True], outputs[False], strict=True):
+        assert torch.equal(a, b)
+    # once per chunk (4 calls each), once per re-cache write (3 frames), once for the last call
+    assert caches[True].workspace_refreshes == chunks + 3 + 1
+    assert caches[False].workspace_refreshes == 0

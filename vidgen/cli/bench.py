@@ -20,6 +20,14 @@ def _positive_ints(text: str) -> list[int]:
     return values
 
 
+def _frame_size(text: str) -> tuple[int, int]:
+    try:
+        h, w = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HxW in tokens, e.g. 30x52, got {text!r}") from None
+    return h, w
+
+
 def _add_attention_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seq-lens",
@@ -36,8 +44,10 @@ def _add_attention_options(parser: argparse.ArgumentParser) -> None:
         default=256,
         help="tokens per causal chunk; divides --window-tokens (default: 256)",
     )
-    parser.add_argument("--heads", type=int, default=4, help="attention heads (default: 4)")
-    parser.add_argument("--head-dim", type=int, default=64, help="head dimension (default: 64)")
+    parser.add_argument("--heads", type=int, default=None, help="attention heads (default: 4; --radial: 12)")
+    parser.add_argument(
+        "--head-dim", type=int, default=None, help="head dimension (default: 64; --radial: 128)"
+    )
     parser.add_argument("--batch", type=int, default=1, help="batch size (default: 1)")
     parser.add_argument(
         "--backends", default=None, help="comma-separated backends for the window (default: all usable here)"
@@ -52,6 +62,14 @@ def _add_attention_options(parser: argparse.ArgumentParser) -> None:
         help="longest sequence for dense attention; longer ones are extrapolated and marked (default: 16384)",
     )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    radial = parser.add_argument_group("--radial: one chunk over a full KV cache, dense vs radial")
+    radial.add_argument("--radial", action="store_true", help="run this instead of the sequence-length sweep")
+    radial.add_argument(
+        "--frame-size", type=_frame_size, default=(30, 52), help="tokens per frame, HxW (default: 30x52)"
+    )
+    radial.add_argument("--chunk-frames", type=int, default=3, help="latent frames per chunk (default: 3)")
+    radial.add_argument("--sink-frames", type=int, default=3, help="sink frames (default: 3)")
+    radial.add_argument("--window-frames", type=int, default=9, help="window frames (default: 9)")
 
 
 def _add_distributed_options(parser: argparse.ArgumentParser) -> None:
