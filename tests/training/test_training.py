@@ -108,6 +108,12 @@ def test_compact_checkpoint_resumes(autoencoder, tmp_path):
     compact = tmp_path / "compact"
     export_compact_checkpoint(run, compact)
     assert not (compact / "latest" / "optimizer.safetensors").exists()
+    from safetensors.torch import load_file
+
+    full, small = (load_file(str(d / "latest" / "model.safetensors")) for d in (run, compact))
+    assert {v.dtype for v in small.values()} == {torch.float16}  # half the repository's bytes
+    for name, weight in full.items():
+        torch.testing.assert_close(small[name].float(), weight, rtol=1e-3, atol=1e-4)
     train_transformer(TransformerTrainConfig(run_dir=str(compact), steps=20, **config))
     state = json.loads((compact / "latest" / "state.json").read_text())
     assert state["step"] == 20 and (compact / "latest" / "optimizer.safetensors").exists()
