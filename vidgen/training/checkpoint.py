@@ -141,7 +141,9 @@ def export_compact_checkpoint(run_dir: str | os.PathLike, out_dir: str | os.Path
     target.mkdir(parents=True, exist_ok=True)
     for name in ("model.safetensors", "ema.safetensors"):
         tensors = load_file(str(latest / name))
-        save_file({k: v.half() if v.is_floating_point() else v for k, v in tensors.items()}, str(target / name))
+        save_file(
+            {k: v.half() if v.is_floating_point() else v for k, v in tensors.items()}, str(target / name)
+        )
     for name in ("state.json", "config.json"):
         if (latest / name).is_file():
             (target / name).write_text((latest / name).read_text())
