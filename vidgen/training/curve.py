@@ -64,7 +64,7 @@ def plot_curve(points: list[dict], png: str | Path) -> None:
     ax.set_ylabel("%")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="center right")
     ax.set_title("Default model: vidgen eval on held-out prompts", fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=90)
