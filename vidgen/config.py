@@ -15,11 +15,14 @@ applies overrides.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
+
+from vidgen.validation import InputError, read_text_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -27,7 +30,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A config value or key that cannot be used; the message says what to change."""
 
 
@@ -37,6 +40,8 @@ def _check_choice(name: str, value: Any, choices: tuple) -> None:
 
 
 def _check_positive(name: str, value: float, allow_zero: bool = False) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, got {value}")
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigError(f"{name} must be {bound}, got {value}")
@@ -136,6 +141,10 @@ class GenerationConfig:
     """Chunks over which a prompt change is phased in."""
     max_seconds: float = 3600.0
     """Longest video a request may ask for (``--seconds``); generation itself has no limit."""
+    max_frames: int = 200_000
+    """Most frames a request may ask for (bounds ``max_seconds`` x ``fps``)."""
+    max_steps: int = 1000
+    """Most sampler steps per chunk a request may ask for (``--steps``)."""
 
     def __post_init__(self) -> None:
         for name in ("height", "width", "fps", "num_inference_steps", "chunk_frames", "ar_step"):
@@ -145,6 +154,13 @@ class GenerationConfig:
         _check_positive("generation.guidance_scale", self.guidance_scale)
         _check_positive("generation.shift", self.shift)
         _check_positive("generation.max_seconds", self.max_seconds)
+        _check_positive("generation.max_frames", self.max_frames)
+        _check_positive("generation.max_steps", self.max_steps)
+        if self.num_inference_steps > self.max_steps:
+            raise ConfigError(
+                f"generation.num_inference_steps={self.num_inference_steps} exceeds "
+                f"generation.max_steps={self.max_steps}"
+            )
         _check_choice("generation.sampler", self.sampler, get_args(SamplerName))
         _check_choice("generation.rope_mode", self.rope_mode, get_args(RopeMode))
         _check_choice("generation.mode", self.mode, get_args(GenerationMode))
@@ -232,6 +248,9 @@ class RuntimeConfig:
     GPU), ``fp8`` (fp8 matmuls on GPUs of compute capability >= 8.9, emulated elsewhere)."""
     quantize_text_encoder: bool = False
     """Quantize the text encoder's linear layers the same way (with ``quantize`` set)."""
+    max_memory_gb: float = 0.0
+    """Memory a request may need (the estimate of its KV cache, activations and decoding), in GB;
+    0: most of what the machine has available when the request comes."""
     sp_kind: SequenceParallelKind = "auto"
     """Sequence parallelism (``--sp`` > 1): ``ulysses`` splits the attention heads (their number
     must divide by sp), ``ring`` passes keys/values around (any head count), ``auto`` takes
@@ -244,6 +263,7 @@ class RuntimeConfig:
         _check_choice("runtime.dtype", self.dtype, get_args(Dtype))
         _check_choice("runtime.autocast", self.autocast, get_args(Autocast))
         _check_positive("runtime.threads", self.threads, allow_zero=True)
+        _check_positive("runtime.max_memory_gb", self.max_memory_gb, allow_zero=True)
         if self.attention_backend:
             _check_choice(
                 "runtime.attention_backend", self.attention_backend, ("sdpa", "flex", "flash", "xformers")
@@ -377,7 +397,10 @@ def load_config(name_or_path: str | Path | None = None, **overrides: Any) -> Vid
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        text, source = path.read_text(), str(path)
+        try:
+            text, source = read_text_file(path, "config"), str(path)
+        except InputError as err:
+            raise ConfigError(str(err)) from None
     else:
         preset = resources.files("vidgen.configs") / f"{name_or_path}.toml"
         if not preset.is_file():
