@@ -43,11 +43,12 @@ def check_number(
     maximum: float | None = None,
     positive: bool = False,
 ) -> Any:
-    """``value`` if it is a finite number (a whole one with ``integer``) within the bounds, else
+    """``value`` if it is a finite number (an integer with ``integer``: 3.0 is 3) within the bounds, else
     :class:`InputError`. Booleans are not numbers; ``positive``: > 0."""
-    kind = "whole number" if integer else "number"
+    kind = "integer" if integer else "number"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InputError(f"{name} must be a {kind}, got {type(value).__name__} {value!r}")
+        article = "an" if integer else "a"
+        raise InputError(f"{name} must be {article} {kind}, got {type(value).__name__} {value!r}")
     if (
         not isinstance(value, numbers.Integral)
         and not math.isfinite(value)
@@ -56,7 +57,7 @@ def check_number(
         raise InputError(f"{name} must be a finite {kind}, got {_short(value)}")
     if integer and not isinstance(value, numbers.Integral):
         if not float(value).is_integer():
-            raise InputError(f"{name} must be a whole number, got {value}")
+            raise InputError(f"{name} must be an integer, got {value}")
         value = int(value)
     if positive and not value > 0:
         raise InputError(f"{name} must be a positive {kind}, got {value}")

@@ -1,6 +1,7 @@
 """The ``vidgen`` command line: one module per subcommand, each with ``add_parser`` and ``run``.
 
-User errors raise :class:`UsageError`; ``main`` prints its one-line message and exits with status 2
+User errors raise :class:`UsageError` (or the API's :class:`~vidgen.validation.InputError`, which
+``ConfigError`` is too); ``main`` prints its one-line message and exits with status 2
 (no traceback). Arguments are parsed and checked before anything heavy (torch, diffusers) is
 imported, so a mistake is reported at once; the subcommands import the stack inside ``run``.
 """
@@ -43,9 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from vidgen.validation import InputError  # light: no torch
+
     try:
         return int(args.run(args) or 0)
-    except UsageError as err:
+    except (UsageError, InputError) as err:
         print(f"vidgen {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
