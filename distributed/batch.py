@@ -53,6 +53,7 @@ from vidgen.distributed.replica import Replica, WorkerLost
 from vidgen.validation import (
     MAX_INT,
     InputError,
+    check_guidance,
     check_number,
     check_seed,
     check_text,
@@ -182,7 +183,7 @@ def _read_job(
         if entry.get(key) is not None:
             check_number(f'{where}: "{key}"', entry[key], integer=True, positive=True, maximum=MAX_INT)
     if entry.get("guidance") is not None:
-        check_number(f'{where}: "guidance"', entry["guidance"], positive=True)
+        check_guidance(f'{where}: "guidance"', entry["guidance"])
     if entry.get("seed") is not None:
         check_seed(f'{where}: "seed"', entry["seed"])
     seed = entry.get("seed")

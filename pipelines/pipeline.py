@@ -48,7 +48,7 @@ from vidgen.pipelines.vae_stream import (
     streaming_decoder,
     temporal_factor,
 )
-from vidgen.validation import InputError, check_number, check_seed, check_text
+from vidgen.validation import InputError, check_guidance, check_number, check_seed, check_text
 
 Storyboard = list[tuple[float, str]]
 
@@ -359,7 +359,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
                     f"num_inference_steps must be at most {g.max_steps} (generation.max_steps), got {steps}"
                 )
         if guidance is not None:
-            check_number("guidance_scale", guidance, positive=True)
+            check_guidance("guidance_scale", guidance)
         return changes, num_frames
 
     def _planner(

@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
 
-from vidgen.validation import InputError, read_text_file
+from vidgen.validation import MAX_GUIDANCE, InputError, read_text_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -152,6 +152,10 @@ class GenerationConfig:
         for name in ("sink_frames", "window_frames", "transition_chunks"):
             _check_positive(f"generation.{name}", getattr(self, name), allow_zero=True)
         _check_positive("generation.guidance_scale", self.guidance_scale)
+        if self.guidance_scale > MAX_GUIDANCE:
+            raise ConfigError(
+                f"generation.guidance_scale must be at most {MAX_GUIDANCE:g}, got {self.guidance_scale}"
+            )
         _check_positive("generation.shift", self.shift)
         _check_positive("generation.max_seconds", self.max_seconds)
         _check_positive("generation.max_frames", self.max_frames)

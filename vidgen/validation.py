@@ -28,6 +28,9 @@ MAX_SEED = 2**63 - 1
 """Seeds are mixed into 64-bit generator seeds: 0 .. 2**63 - 1."""
 MAX_INT = 2**31 - 1
 """Bound of the other integer arguments (sizes, steps, fps): anything above is a typo."""
+MAX_GUIDANCE = 100.0
+"""Largest classifier-free guidance scale (published models use 1-15; far above, the samples
+overflow into a black video)."""
 MAX_FILE_BYTES = 1 << 20
 """Largest storyboard or config file read (1 MiB: thousands of scenes)."""
 MAX_JSON_DEPTH = 16
@@ -60,12 +63,16 @@ def check_number(
             raise InputError(f"{name} must be an integer, got {value}")
         value = int(value)
     if positive and not value > 0:
-        raise InputError(f"{name} must be a positive {kind}, got {value}")
+        raise InputError(f"{name} must be a positive {kind}, got {_short(value)}")
     if minimum is not None and value < minimum:
         raise InputError(f"{name} must be at least {_short(minimum)}, got {_short(value)}")
     if maximum is not None and value > maximum:
         raise InputError(f"{name} must be at most {_short(maximum)}, got {_short(value)}")
     return value
+
+
+def check_guidance(name: str, value: Any) -> float:
+    return check_number(name, value, positive=True, maximum=MAX_GUIDANCE)
 
 
 def check_seed(name: str, value: Any) -> int:

@@ -184,6 +184,7 @@ def _main_in_process(capsys, *argv):
         (["--steps", "0"], "--steps must be a positive integer, got 0"),
         (["--steps", "100000"], "at most 1000 (generation.max_steps), got 100000"),
         (["--guidance", "inf"], "--guidance must be a finite number, got inf"),
+        (["--guidance", "1e308"], "--guidance must be at most 100, got 1e+308"),
         (["--set", "generation.shift=nan"], "--set generation.shift: must be a finite number, got nan"),
         (["--set", "generation.timesteps=[900, nan]"], "--set generation.timesteps: must be a finite"),
         (["--height", "0"], "--height must be a positive integer, got 0"),

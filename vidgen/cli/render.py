@@ -19,6 +19,7 @@ from pathlib import Path
 from vidgen.cli import UsageError
 from vidgen.config import load_config, tomllib
 from vidgen.validation import (
+    MAX_GUIDANCE,
     MAX_INT,
     InputError,
     check_number,
@@ -226,7 +227,7 @@ def check_numbers(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None:
             integer = not isinstance(value, float)
-            maximum = MAX_INT if integer else None
+            maximum = MAX_INT if integer else MAX_GUIDANCE if name == "guidance" else None
             check_number(f"--{name}", value, integer=integer, positive=True, maximum=maximum)
     if getattr(args, "seed", None) is not None:
         check_seed("--seed", args.seed)
