@@ -178,6 +178,7 @@ def _main_in_process(capsys, *argv):
     [
         (["--seconds", "inf"], "--seconds must be a finite number, got inf"),
         (["--seconds", "nan"], "--seconds must be a finite number, got nan"),
+        (["--seconds", "-inf"], "--seconds must be a finite number, got -inf"),
         (["--seconds", "1e308"], "seconds must be at most 3600 (generation.max_seconds)"),
         (["--seed", "99999999999999999999999"], "--seed must be at most 9223372036854775807"),
         (["--seed", "-1"], "--seed must be at least 0"),
@@ -199,6 +200,18 @@ def test_numbers_that_cannot_work_are_one_line_and_leave_nothing(model, tmp_path
     status, err = _main_in_process(capsys, "--model", model, PROMPT, *args, "--out", tmp_path / "x.mp4")
     assert status == 2 and len(err) == 1 and message in err[0], err
     assert not list(tmp_path.iterdir()), "nothing may be left behind"
+
+
+def test_argument_errors_are_one_line(capsys):
+    from vidgen.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["render", PROMPT, "--steps", "many"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2
+    assert err == [
+        "vidgen render: error: argument --steps: invalid int value: 'many' (see vidgen render --help)"
+    ]
 
 
 def test_text_and_files_that_cannot_be_read(model, tmp_path, capsys):
