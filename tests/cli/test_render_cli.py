@@ -219,6 +219,8 @@ def test_text_and_files_that_cannot_be_read(model, tmp_path, capsys):
     folder.mkdir()
     status, err = _main_in_process(capsys, "--model", model, PROMPT, "--out", folder)
     assert status == 2 and "is a folder: name the MP4 file" in err[0]
+    status, err = _main_in_process(capsys, "")  # no --out: the name would come from the prompt
+    assert status == 2 and err == ["vidgen render: error: the prompt is empty: say what the video shows"]
     status, err = _main_in_process(capsys, "--model", model, "caf\udce9", "--out", tmp_path / "x.mp4")
     assert status == 2 and err == [
         "vidgen render: error: the prompt is not valid UTF-8 text: write it in UTF-8"

@@ -198,6 +198,8 @@ def _what_to_render(args: argparse.Namespace) -> None:
         args.prompt = args.text
     elif not given:
         raise UsageError("say what to render: a PROMPT, --prompt, --storyboard or --jobs")
+    if args.prompt is not None and not args.prompt.strip():
+        raise UsageError("the prompt is empty: say what the video shows")
 
 
 def read_start(args: argparse.Namespace):
