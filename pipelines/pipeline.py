@@ -319,6 +319,11 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             if not isinstance(entry, (list, tuple)) or len(entry) != 2:
                 raise InputError(f"storyboard entry {i} must be (start_seconds, prompt), got {entry!r}")
             start = float(check_number(f"storyboard entry {i} start", entry[0], minimum=0))
+            if start > config.generation.max_seconds:
+                raise InputError(
+                    f"storyboard entry {i} starts at {start:g} s, after the longest video "
+                    f"(generation.max_seconds = {config.generation.max_seconds:g})"
+                )
             text = check_text(f"storyboard entry {i} prompt", entry[1])
             if not text.strip():
                 raise InputError(

@@ -211,6 +211,7 @@ def test_bad_arguments_raise_one_error_type_naming_the_argument(pipe, kwargs, me
         ("a string", "non-empty list"),
         ([(0, PROMPT), (NAN, PROMPT)], "storyboard entry 1 start must be a finite number"),
         ([(False, PROMPT)], "storyboard entry 0 start must be a number, got bool"),
+        ([(0, PROMPT), (1e308, PROMPT)], "entry 1 starts at 1e\\+308 s, after the longest video"),
         ([(0, PROMPT, 3)], r"entry 0 must be \(start_seconds, prompt\)"),
         ([(0, 7)], "storyboard entry 0 prompt must be a string"),
     ],
