@@ -50,12 +50,25 @@ from vidgen.distributed.render import (
     user_message,
 )
 from vidgen.distributed.replica import Replica, WorkerLost
+from vidgen.validation import (
+    MAX_INT,
+    InputError,
+    check_guidance,
+    check_number,
+    check_seed,
+    check_text,
+    parse_json,
+    parse_storyboard,
+    read_text_file,
+)
 
 _JOB_KEYS = {
     *("prompt", "storyboard", "seconds", "seed", "height", "width", "steps", "guidance", "set", "out"),
     *("image", "continue"),
 }
 _PER_VIDEO_TABLES = ("generation.", "drift.")
+MAX_JOBS_BYTES = 16 << 20
+"""Largest jobs file read (16 MiB)."""
 
 
 @dataclass
@@ -107,107 +120,130 @@ class JobFileError(ValueError):
 def read_jobs(path: str | Path, args: argparse.Namespace) -> list[BatchJob]:
     """Parse a JSONL jobs file; defaults come from the command line. Errors name the line."""
     from vidgen.cli import UsageError
-    from vidgen.cli.render import parse_overrides, read_start, read_storyboard
 
-    file = Path(path)
-    if not file.is_file():
-        raise JobFileError(f"jobs file not found: {path}")
+    try:
+        text = read_text_file(path, "jobs", max_bytes=MAX_JOBS_BYTES)
+    except InputError as err:
+        raise JobFileError(str(err)) from None
     jobs: list[BatchJob] = []
     outs: dict[Path, int] = {}
-    for number, line in enumerate(file.read_text().splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         where = f"{path}:{number}"
         try:
-            entry = json.loads(line)
-        except ValueError as err:
-            raise JobFileError(f"{where}: not JSON ({err})") from None
-        if not isinstance(entry, dict):
-            raise JobFileError(f"{where}: each line must be a JSON object")
-        unknown = sorted(set(entry) - _JOB_KEYS)
-        if unknown:
-            raise JobFileError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(_JOB_KEYS))})")
-        if ("prompt" in entry) == ("storyboard" in entry):
-            raise JobFileError(f'{where}: give exactly one of "prompt" or "storyboard"')
-        out = Path(str(entry.get("out", "")))
-        if out.suffix.lower() != ".mp4":
-            raise JobFileError(f'{where}: "out" must be an .mp4 path, got {entry.get("out")!r}')
-        out = out.resolve()
-        if out in outs:
-            raise JobFileError(f'{where}: "out" {out} is also line {outs[out]}\'s output')
-        outs[out] = number
-        board = entry.get("storyboard")
-        if isinstance(board, str):
-            board = read_storyboard(board)
-        elif board is not None:
-            if not isinstance(board, list) or not all(isinstance(e, list) and len(e) == 2 for e in board):
-                raise JobFileError(f'{where}: "storyboard" must be a file or a list of [start, prompt]')
-            board = [(float(start), str(text)) for start, text in board]
-        seconds = float(entry.get("seconds", args.seconds))
-        if seconds <= 0:
-            raise JobFileError(f'{where}: "seconds" must be positive, got {seconds}')
-        seed = entry.get("seed")
-        if seed is None:
-            seed = (
-                (args.seed + number)
-                if args.seed is not None
-                else int(time.time() * 1000 + number) % (2**31 - 1)
-            )
-        job_set = entry.get("set", [])
-        if not isinstance(job_set, list) or not all(isinstance(s, str) for s in job_set):
-            raise JobFileError(f'{where}: "set" must be a list of "table.key=value" strings')
-        overrides = parse_overrides(job_set)
-        wrong = [key for key in overrides if not key.startswith(_PER_VIDEO_TABLES)]
-        if wrong:
-            raise JobFileError(
-                f'{where}: "set" may change generation.* and drift.* per video, not {wrong[0]!r} '
-                "(pass it to the command with --set)"
-            )
-        if "image" in entry and "continue" in entry:
-            raise JobFileError(f'{where}: give "image" or "continue", not both')
-        image, clip = entry.get("image"), entry.get("continue")
-        try:  # unreadable now is unreadable on the workers: say so before anything runs
-            read_start(argparse.Namespace(image=image, continue_from=clip))
-        except UsageError as err:
-            raise JobFileError(f"{where}: {err}") from None
-        job = VideoJob(
-            prompt=entry.get("prompt"),
-            storyboard=board,
-            seconds=seconds,
-            height=entry.get("height", args.height),
-            width=entry.get("width", args.width),
-            num_inference_steps=entry.get("steps", args.steps),
-            guidance_scale=entry.get("guidance", args.guidance),
-            seed=int(seed),
-            overrides=overrides,
-            **start_of(image, clip),
-        )
-        request = {
-            "prompt": job.prompt,
-            "storyboard": board,
-            "seconds": seconds,
-            "height": job.height,
-            "width": job.width,
-            "steps": job.num_inference_steps,
-            "guidance": job.guidance_scale,
-            "model": args.model,
-            "transformer": args.transformer,
-            "lora": getattr(args, "lora", None),
-            "config": args.config,
-            "set": list(args.set) + job_set,
-            "fps": args.fps,
-            "upscale": [getattr(args, "upscale", 1), getattr(args, "resample", "nearest")],
-            "seed": job.seed,
-            **({"image": job.image, "video": job.video} if job.include_input else {}),
-        }
-        jobs.append(BatchJob(number, job, out, request))
+            jobs.append(_read_job(line, where, number, args, outs))
+        except (InputError, UsageError) as err:
+            message = str(err)
+            raise JobFileError(message if message.startswith(where) else f"{where}: {message}") from None
     if not jobs:
         raise JobFileError(f"{path} holds no jobs")
     return jobs
 
 
+def _read_job(
+    line: str, where: str, number: int, args: argparse.Namespace, outs: dict[Path, int]
+) -> BatchJob:
+    """One line of a jobs file; every value checked here, so a bad line fails before any job runs."""
+    from vidgen.cli import UsageError
+    from vidgen.cli.render import parse_overrides, read_start, read_storyboard
+
+    try:
+        entry = parse_json(line, where)
+    except InputError as err:
+        message = str(err)
+        if message.startswith("cannot parse"):
+            message = f"{where}: not JSON ({message.removeprefix(f'cannot parse {where}: ')})"
+        raise JobFileError(message) from None
+    if not isinstance(entry, dict):
+        raise JobFileError(f"{where}: each line must be a JSON object")
+    unknown = sorted(set(entry) - _JOB_KEYS)
+    if unknown:
+        raise JobFileError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(_JOB_KEYS))})")
+    if ("prompt" in entry) == ("storyboard" in entry):
+        raise JobFileError(f'{where}: give exactly one of "prompt" or "storyboard"')
+    out = Path(str(entry.get("out", "")))
+    if out.suffix.lower() != ".mp4":
+        raise JobFileError(f'{where}: "out" must be an .mp4 path, got {entry.get("out")!r}')
+    out = out.resolve()
+    if out in outs:
+        raise JobFileError(f'{where}: "out" {out} is also line {outs[out]}\'s output')
+    outs[out] = number
+    board = entry.get("storyboard")
+    if isinstance(board, str):
+        board = read_storyboard(board)
+    elif board is not None:
+        if not isinstance(board, list) or not all(isinstance(e, list) and len(e) == 2 for e in board):
+            raise JobFileError(f'{where}: "storyboard" must be a file or a list of [start, prompt]')
+        board = parse_storyboard(json.dumps(board), f'{where}: "storyboard"', toml=False)
+    if "prompt" in entry:
+        check_text(f'{where}: "prompt"', entry["prompt"])
+    seconds = float(check_number(f'{where}: "seconds"', entry.get("seconds", args.seconds), positive=True))
+    for key in ("height", "width", "steps"):
+        if entry.get(key) is not None:
+            check_number(f'{where}: "{key}"', entry[key], integer=True, positive=True, maximum=MAX_INT)
+    if entry.get("guidance") is not None:
+        check_guidance(f'{where}: "guidance"', entry["guidance"])
+    if entry.get("seed") is not None:
+        check_seed(f'{where}: "seed"', entry["seed"])
+    seed = entry.get("seed")
+    if seed is None:
+        seed = (
+            (args.seed + number) if args.seed is not None else int(time.time() * 1000 + number) % (2**31 - 1)
+        )
+    job_set = entry.get("set", [])
+    if not isinstance(job_set, list) or not all(isinstance(s, str) for s in job_set):
+        raise JobFileError(f'{where}: "set" must be a list of "table.key=value" strings')
+    overrides = parse_overrides(job_set)
+    wrong = [key for key in overrides if not key.startswith(_PER_VIDEO_TABLES)]
+    if wrong:
+        raise JobFileError(
+            f'{where}: "set" may change generation.* and drift.* per video, not {wrong[0]!r} '
+            "(pass it to the command with --set)"
+        )
+    if "image" in entry and "continue" in entry:
+        raise JobFileError(f'{where}: give "image" or "continue", not both')
+    image, clip = entry.get("image"), entry.get("continue")
+    try:  # unreadable now is unreadable on the workers: say so before anything runs
+        read_start(argparse.Namespace(image=image, continue_from=clip))
+    except UsageError as err:
+        raise JobFileError(f"{where}: {err}") from None
+    job = VideoJob(
+        prompt=entry.get("prompt"),
+        storyboard=board,
+        seconds=seconds,
+        height=entry.get("height", args.height),
+        width=entry.get("width", args.width),
+        num_inference_steps=entry.get("steps", args.steps),
+        guidance_scale=entry.get("guidance", args.guidance),
+        seed=int(seed),
+        overrides=overrides,
+        **start_of(image, clip),
+    )
+    request = {
+        "prompt": job.prompt,
+        "storyboard": board,
+        "seconds": seconds,
+        "height": job.height,
+        "width": job.width,
+        "steps": job.num_inference_steps,
+        "guidance": job.guidance_scale,
+        "model": args.model,
+        "transformer": args.transformer,
+        "lora": getattr(args, "lora", None),
+        "config": args.config,
+        "set": list(args.set) + job_set,
+        "fps": args.fps,
+        "upscale": [getattr(args, "upscale", 1), getattr(args, "resample", "nearest")],
+        "seed": job.seed,
+        **({"image": job.image, "video": job.video} if job.include_input else {}),
+    }
+    return BatchJob(number, job, out, request)
+
+
 def _prepare(job: BatchJob, resume: bool) -> str | None:
-    """Check or write the job's ``.parts`` folder; returns ``"skipped"`` for a finished video."""
+    """Check the job's ``.parts`` folder; returns ``"skipped"`` for a finished video. Nothing is
+    written: :func:`_write_request` does, once the replicas are placed."""
     parts = job.parts
     if parts.exists():
         if not resume:
@@ -223,9 +259,13 @@ def _prepare(job: BatchJob, resume: bool) -> str | None:
             return None
     elif resume and job.out.is_file():
         return "skipped"
-    parts.mkdir(parents=True, exist_ok=True)
-    (parts / "request.json").write_text(json.dumps(job.request))
     return None
+
+
+def _write_request(job: BatchJob) -> None:
+    if not (job.parts / "request.json").is_file():
+        job.parts.mkdir(parents=True, exist_ok=True)
+        (job.parts / "request.json").write_text(json.dumps(job.request))
 
 
 def run_batch(
@@ -251,7 +291,11 @@ def run_batch(
         return [outcomes[j.number] for j in jobs]
 
     lock = threading.Lock()
-    placement = place_workers(layout)
+    placement = place_workers(
+        layout
+    )  # before anything is written: a layout that cannot be placed leaves nothing
+    for job in queue:
+        _write_request(job)
     loopback = is_loopback_cluster()
     replicas = [
         Replica(i, spec, placement, layout.sp, rendezvous_dir(), loopback=loopback)

@@ -29,6 +29,7 @@ from vidgen.attention import attention_backend
 from vidgen.config import GenerationConfig, VidgenConfig
 from vidgen.models import CausalWanTransformer, KVCache, TextContext
 from vidgen.pipelines import loading
+from vidgen.pipelines.budget import check_memory
 from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning
 from vidgen.pipelines.drift import DriftMeasures, DriftMonitor, StatsAnchor
 from vidgen.pipelines.lora import LongVideoLoraLoaderMixin
@@ -48,12 +49,9 @@ from vidgen.pipelines.vae_stream import (
     temporal_factor,
     video_to_uint8,
 )
+from vidgen.validation import InputError, check_guidance, check_number, check_seed, check_text
 
 Storyboard = list[tuple[float, str]]
-
-
-class InputError(ValueError):
-    """A request the pipeline cannot make; the message says what to change."""
 
 
 @dataclass
@@ -269,6 +267,12 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             raise InputError(
                 f"height and width must be positive multiples of {s * p_h} for this model, got {width}x{height}"
             )
+        rope = getattr(self.transformer.config, "rope_max_seq_len", None)
+        if rope and max(height, width) > rope * s * max(p_h, p_w):
+            raise InputError(
+                f"height and width must be at most {rope * s * max(p_h, p_w)} for this model "
+                f"(its positional table), got {width}x{height}"
+            )
         return height // s, width // s
 
     # ------------------------------------------------------------------ prompts
@@ -302,23 +306,29 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
 
     # ------------------------------------------------------------------ planning
     def _check_request(
-        self, prompt, storyboard, num_frames, seconds, fps
+        self, prompt, storyboard, num_frames, seconds, fps, config=None, steps=None, guidance=None
     ) -> tuple[list[PromptChange], int | None]:
+        """The storyboard as prompt changes and the length in frames (None: no end); every number
+        finite and within the config's limits, else :class:`InputError`."""
+        config = config or self.config
         if (prompt is None) == (storyboard is None):
             raise InputError("pass exactly one of prompt= or storyboard=")
         if storyboard is None:
-            if not isinstance(prompt, str):
-                raise InputError(f"prompt must be a string, got {type(prompt).__name__}")
-            storyboard = [(0.0, prompt)]
+            storyboard = [(0.0, check_text("prompt", prompt))]
+        elif not isinstance(storyboard, (list, tuple)) or not storyboard:
+            raise InputError("storyboard= must be a non-empty list of (start_seconds, prompt)")
         changes = []
         for i, entry in enumerate(storyboard):
-            try:
-                start, text = float(entry[0]), entry[1]
-            except (TypeError, ValueError, IndexError):
+            if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+                raise InputError(f"storyboard entry {i} must be (start_seconds, prompt), got {entry!r}")
+            start = float(check_number(f"storyboard entry {i} start", entry[0], minimum=0))
+            if start > config.generation.max_seconds:
                 raise InputError(
-                    f"storyboard entry {i} must be (start_seconds, prompt), got {entry!r}"
-                ) from None
-            if not isinstance(text, str) or not text.strip():
+                    f"storyboard entry {i} starts at {start:g} s, after the longest video "
+                    f"(generation.max_seconds = {config.generation.max_seconds:g})"
+                )
+            text = check_text(f"storyboard entry {i} prompt", entry[1])
+            if not text.strip():
                 raise InputError(
                     "the prompt is empty"
                     if prompt is not None
@@ -333,15 +343,31 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             raise InputError(
                 f"a storyboard starts at 0 s, the first entry starts at {changes[0].start_seconds} s"
             )
+        g = config.generation
         if num_frames is None and seconds is not None:
-            num_frames = round(seconds * fps)
-        if num_frames is not None:
-            limit = self.config.generation.max_seconds * fps
-            if num_frames <= 0 or num_frames > limit:
+            seconds = check_number("seconds", seconds, positive=True)
+            if seconds > g.max_seconds:
                 raise InputError(
-                    f"the video length must be between 1 frame and {self.config.generation.max_seconds:g} s "
-                    f"(generation.max_seconds), got {num_frames} frames"
+                    f"seconds must be at most {g.max_seconds:g} (generation.max_seconds), got {seconds:g}"
                 )
+            num_frames = max(1, round(seconds * fps))
+        if num_frames is not None:
+            num_frames = check_number("num_frames", num_frames, integer=True, positive=True)
+            limit = min(g.max_seconds * fps, g.max_frames)
+            if num_frames > limit:
+                raise InputError(
+                    f"the video length must be between 1 frame and {g.max_seconds:g} s "
+                    f"(generation.max_seconds) or {g.max_frames} frames (generation.max_frames), "
+                    f"got {num_frames} frames at {fps} fps"
+                )
+        if steps is not None:
+            steps = check_number("num_inference_steps", steps, integer=True, positive=True)
+            if steps > g.max_steps:
+                raise InputError(
+                    f"num_inference_steps must be at most {g.max_steps} (generation.max_steps), got {steps}"
+                )
+        if guidance is not None:
+            check_guidance("guidance_scale", guidance)
         return changes, num_frames
 
     def _planner(
@@ -381,14 +407,22 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         width: int | None = None,
         num_inference_steps: int | None = None,
         seed: int | None = None,
+        guidance_scale: float | None = None,
     ) -> ChunkPlan:
-        """The chunk plan of a request, without running anything."""
+        """The chunk plan of a request, without running anything; a request that cannot be made
+        (numbers, sizes, the memory it would need) raises :class:`InputError`."""
         g = self.config.generation
-        height, width = height or g.height, width or g.width
+        height, width = _size(height, g.height, "height"), _size(width, g.width, "width")
         self.latent_size(height, width)
-        changes, num_frames = self._check_request(prompt, storyboard, num_frames, seconds, g.fps)
+        changes, num_frames = self._check_request(
+            prompt, storyboard, num_frames, seconds, g.fps, steps=num_inference_steps, guidance=guidance_scale
+        )
         if num_frames is None:
             raise InputError("a plan needs num_frames= or seconds=")
+        if seed is not None:
+            check_seed("seed", seed)
+        guidance = g.guidance_scale if guidance_scale is None else guidance_scale
+        check_memory(self, self.config, height, width, guidance)
         planner = self._planner(self.config, changes, num_inference_steps or g.num_inference_steps)
         return ChunkPlan(
             chunks=list(planner.chunks(num_frames)),
@@ -444,13 +478,27 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         config = self.config.replace(**overrides) if overrides else self.config
         g = config.generation
         # 1. check inputs
-        height, width = height or g.height, width or g.width
+        height, width = _size(height, g.height, "height"), _size(width, g.width, "width")
         latent_h, latent_w = self.latent_size(height, width)
-        changes, num_frames = self._check_request(prompt, storyboard, num_frames, seconds, g.fps)
+        changes, num_frames = self._check_request(
+            prompt,
+            storyboard,
+            num_frames,
+            seconds,
+            g.fps,
+            config,
+            steps=num_inference_steps,
+            guidance=guidance_scale,
+        )
         steps = num_inference_steps or g.num_inference_steps
         guidance = g.guidance_scale if guidance_scale is None else guidance_scale
-        negative = g.negative_prompt if negative_prompt is None else negative_prompt
+        negative = check_text(
+            "negative_prompt", g.negative_prompt if negative_prompt is None else negative_prompt
+        )
         seed = _seed_of(generator)
+        if state_path is not None and Path(state_path).is_dir():
+            raise InputError(f"state_path must be a file path, {state_path} is a directory")
+        check_memory(self, config, height, width, guidance)
         run = _Run(self, config, latent_h, latent_w, guidance, seed, steps, decode=decode)
 
         # the attention backend is entered per step, never held across a yield: a consumer may
@@ -529,7 +577,9 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             raise InputError(f"output_type must be 'np', 'pt', 'pil' or 'latent', got {output_type!r}")
         config = self.config.replace(**kwargs["overrides"]) if kwargs.get("overrides") else self.config
         fps = config.generation.fps
-        total = kwargs.get("num_frames") or round(kwargs["seconds"] * fps)
+        _, total = self._check_request(
+            prompt, kwargs.get("storyboard"), kwargs.get("num_frames"), kwargs.get("seconds"), fps, config
+        )
         chunks = []
         with self.progress_bar(total=total, unit="frame") as bar:
             for chunk in self.stream(prompt, return_latents=output_type == "latent", **kwargs):
@@ -577,8 +627,11 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
                 frames = np.asarray(video) if not torch.is_tensor(video) else video.cpu().numpy()
         except (FileNotFoundError, ValueError) as err:
             raise InputError(str(err)) from None
+        name = "image=" if image is not None else "video="
         if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
-            raise InputError(f"video= must be frames (T, H, W, 3), got shape {tuple(frames.shape)}")
+            raise InputError(f"{name} must be frames (T, H, W, 3), got shape {tuple(frames.shape)}")
+        if frames.dtype.kind not in "uif" or frames.dtype.kind == "f" and not np.isfinite(frames).all():
+            raise InputError(f"{name} must hold finite numbers (uint8, or floats in [0, 1]), got NaN or inf")
         tensor = torch.tensor(frames, dtype=torch.float32)  # a copy: the caller's array may be read-only
         tensor = tensor / 127.5 - 1.0 if frames.dtype == np.uint8 else tensor * 2.0 - 1.0
         tensor = tensor.permute(3, 0, 1, 2)[None]  # (1, 3, T, H, W) in [-1, 1]
@@ -645,9 +698,20 @@ def autocast_dtype(setting: str, device: torch.device) -> torch.dtype | None:
 def _seed_of(generator: torch.Generator | int | None) -> int:
     if generator is None:
         return int(torch.randint(0, 2**31 - 1, (1,)).item())
-    if isinstance(generator, int):
-        return generator
-    return int(generator.initial_seed())
+    if isinstance(generator, torch.Generator):
+        return int(generator.initial_seed())
+    if isinstance(generator, bool) or not isinstance(generator, int):
+        raise InputError(
+            f"generator must be a torch.Generator or an int seed, got {type(generator).__name__}"
+        )
+    return check_seed("generator", generator)
+
+
+def _size(value: int | None, default: int, name: str) -> int:
+    """``height`` / ``width``: the config's when None; 0 is refused, not replaced."""
+    if value is None:
+        return default
+    return check_number(name, value, integer=True, positive=True)
 
 
 def decode_to_frames(decoder, latents: torch.Tensor, latent_start: int) -> np.ndarray:

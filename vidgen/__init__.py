@@ -18,6 +18,7 @@ for _name in ("torchao", "diffusers.quantizers.torchao.torchao_quantizer", "torc
 __version__ = "0.1.0"
 
 _LAZY = {
+    "InputError": "vidgen.validation",
     "LongVideoPipeline": "vidgen.pipelines",
     "VideoChunk": "vidgen.pipelines",
     "CausalWanTransformer": "vidgen.models",
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from vidgen.attention import AttentionPattern, dispatch_attention
     from vidgen.models import CausalWanTransformer, KVCache
     from vidgen.pipelines import LongVideoPipeline, VideoChunk
+    from vidgen.validation import InputError
     from vidgen.video import export_to_video
 
 
@@ -46,6 +48,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [  # noqa: F822 - resolved lazily by __getattr__
     "AttentionPattern",
     "CausalWanTransformer",
+    "InputError",
     "KVCache",
     "LongVideoPipeline",
     "VideoChunk",

@@ -15,11 +15,14 @@ applies overrides.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
+
+from vidgen.validation import MAX_GUIDANCE, InputError, read_text_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -27,7 +30,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A config value or key that cannot be used; the message says what to change."""
 
 
@@ -37,6 +40,8 @@ def _check_choice(name: str, value: Any, choices: tuple) -> None:
 
 
 def _check_positive(name: str, value: float, allow_zero: bool = False) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, got {value}")
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigError(f"{name} must be {bound}, got {value}")
@@ -142,6 +147,10 @@ class GenerationConfig:
     """Self-attention of a chunk over the cache: ``dense`` (every cached key), or ``radial``: the
     nearest frames whole, a band of rows that narrows with temporal distance in the others and in
     the sinks (about 38 % of the keys at Wan-1.3B's 832x480, see ``AttentionPattern.radial``)."""
+    max_frames: int = 200_000
+    """Most frames a request may ask for (bounds ``max_seconds`` x ``fps``)."""
+    max_steps: int = 1000
+    """Most sampler steps per chunk a request may ask for (``--steps``)."""
 
     def __post_init__(self) -> None:
         for name in ("height", "width", "fps", "num_inference_steps", "chunk_frames", "ar_step"):
@@ -149,8 +158,19 @@ class GenerationConfig:
         for name in ("sink_frames", "window_frames", "transition_chunks"):
             _check_positive(f"generation.{name}", getattr(self, name), allow_zero=True)
         _check_positive("generation.guidance_scale", self.guidance_scale)
+        if self.guidance_scale > MAX_GUIDANCE:
+            raise ConfigError(
+                f"generation.guidance_scale must be at most {MAX_GUIDANCE:g}, got {self.guidance_scale}"
+            )
         _check_positive("generation.shift", self.shift)
         _check_positive("generation.max_seconds", self.max_seconds)
+        _check_positive("generation.max_frames", self.max_frames)
+        _check_positive("generation.max_steps", self.max_steps)
+        if self.num_inference_steps > self.max_steps:
+            raise ConfigError(
+                f"generation.num_inference_steps={self.num_inference_steps} exceeds "
+                f"generation.max_steps={self.max_steps}"
+            )
         _check_choice("generation.sampler", self.sampler, get_args(SamplerName))
         _check_choice("generation.rope_mode", self.rope_mode, get_args(RopeMode))
         _check_choice("generation.mode", self.mode, get_args(GenerationMode))
@@ -243,6 +263,9 @@ class RuntimeConfig:
     GPU), ``fp8`` (fp8 matmuls on GPUs of compute capability >= 8.9, emulated elsewhere)."""
     quantize_text_encoder: bool = False
     """Quantize the text encoder's linear layers the same way (with ``quantize`` set)."""
+    max_memory_gb: float = 0.0
+    """Memory a request may need (the estimate of its KV cache, activations and decoding), in GB;
+    0: most of what the machine has available when the request comes."""
     sp_kind: SequenceParallelKind = "auto"
     """Sequence parallelism (``--sp`` > 1): ``ulysses`` splits the attention heads (their number
     must divide by sp), ``ring`` passes keys/values around (any head count), ``auto`` takes
@@ -256,6 +279,7 @@ class RuntimeConfig:
         _check_choice("runtime.autocast", self.autocast, get_args(Autocast))
         _check_choice("runtime.compile_mode", self.compile_mode, get_args(CompileMode))
         _check_positive("runtime.threads", self.threads, allow_zero=True)
+        _check_positive("runtime.max_memory_gb", self.max_memory_gb, allow_zero=True)
         if self.attention_backend:
             _check_choice(
                 "runtime.attention_backend", self.attention_backend, ("sdpa", "flex", "flash", "xformers")
@@ -389,7 +413,10 @@ def load_config(name_or_path: str | Path | None = None, **overrides: Any) -> Vid
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        text, source = path.read_text(), str(path)
+        try:
+            text, source = read_text_file(path, "config"), str(path)
+        except InputError as err:
+            raise ConfigError(str(err)) from None
     else:
         preset = resources.files("vidgen.configs") / f"{name_or_path}.toml"
         if not preset.is_file():

@@ -125,7 +125,7 @@ def test_sigkill_then_resume_equals_uninterrupted(model, tmp_path):
         ([PROMPT, "--prompt", PROMPT], "give the prompt once"),
         (["--seconds", 2], "say what to render"),
         (["--prompt", PROMPT, "--seconds", -2], "--seconds must be a positive number, got -2"),
-        (["--prompt", PROMPT, "--seconds", 1e9], "video length"),
+        (["--prompt", PROMPT, "--seconds", 1e9], "seconds must be at most 3600 (generation.max_seconds)"),
         (["--prompt", PROMPT, "--height", 50], "multiples of 8"),
         (["--prompt", PROMPT, "--set", "generation.windw=3"], "unknown key 'windw'"),
         (["--prompt", PROMPT, "--set", "generation.window_frames=3"], "multiple of chunk_frames"),
@@ -163,3 +163,109 @@ def test_storyboard_errors(model, tmp_path):
     board.write_text("not json")
     result = _render("--model", model, "--storyboard", board, "--out", tmp_path / "x.mp4", check=False)
     assert result.returncode == 2 and "cannot parse storyboard" in result.stderr
+
+
+def _main_in_process(capsys, *argv):
+    """``vidgen render`` in this process: (exit status, stderr lines)."""
+    from vidgen.cli import main
+
+    status = main(["render", "--quiet", *map(str, argv)])
+    return status, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--seconds", "inf"], "--seconds must be a finite number, got inf"),
+        (["--seconds", "nan"], "--seconds must be a finite number, got nan"),
+        (["--seconds", "-inf"], "--seconds must be a finite number, got -inf"),
+        (["--seconds", "1e308"], "seconds must be at most 3600 (generation.max_seconds)"),
+        (["--seed", "99999999999999999999999"], "--seed must be at most 9223372036854775807"),
+        (["--seed", "-1"], "--seed must be at least 0"),
+        (["--steps", "0"], "--steps must be a positive integer, got 0"),
+        (["--steps", "100000"], "at most 1000 (generation.max_steps), got 100000"),
+        (["--guidance", "inf"], "--guidance must be a finite number, got inf"),
+        (["--guidance", "1e308"], "--guidance must be at most 100, got 1e+308"),
+        (["--set", "generation.shift=nan"], "--set generation.shift: must be a finite number, got nan"),
+        (["--set", "generation.timesteps=[900, nan]"], "--set generation.timesteps: must be a finite"),
+        (["--height", "0"], "--height must be a positive integer, got 0"),
+        (["--fps", "0"], "--fps must be a positive integer, got 0"),
+        (["--fps", "10000000", "--seconds", "3600"], "200000 frames (generation.max_frames)"),
+        (["--set", "generation.max_seconds=inf", "--seconds", "1e300"], "max_seconds: must be a finite"),
+        (["--height", "4096", "--width", "4096"], "at most 512 for this model (its positional table)"),
+        (["--set", "runtime.max_memory_gb=0.000001"], "a 64x64 video needs about"),
+    ],
+)
+def test_numbers_that_cannot_work_are_one_line_and_leave_nothing(model, tmp_path, capsys, args, message):
+    status, err = _main_in_process(capsys, "--model", model, PROMPT, *args, "--out", tmp_path / "x.mp4")
+    assert status == 2 and len(err) == 1 and message in err[0], err
+    assert not list(tmp_path.iterdir()), "nothing may be left behind"
+
+
+def test_argument_errors_are_one_line(capsys):
+    from vidgen.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["render", PROMPT, "--steps", "many"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2
+    assert err == [
+        "vidgen render: error: argument --steps: invalid int value: 'many' (see vidgen render --help)"
+    ]
+
+
+def test_text_and_files_that_cannot_be_read(model, tmp_path, capsys):
+    folder = tmp_path / "out.mp4"
+    folder.mkdir()
+    status, err = _main_in_process(capsys, "--model", model, PROMPT, "--out", folder)
+    assert status == 2 and "is a folder: name the MP4 file" in err[0]
+    status, err = _main_in_process(capsys, "")  # no --out: the name would come from the prompt
+    assert status == 2 and err == ["vidgen render: error: the prompt is empty: say what the video shows"]
+    status, err = _main_in_process(capsys, "--model", model, "caf\udce9", "--out", tmp_path / "x.mp4")
+    assert status == 2 and err == [
+        "vidgen render: error: the prompt is not valid UTF-8 text: write it in UTF-8"
+    ]
+    board = tmp_path / "b.json"
+    for data, message in [
+        (bytes(range(256)), "is not UTF-8 text"),
+        (b"[" * 200_000 + b"]" * 200_000, "nested deeper than 16 levels"),
+        (b'[[0, "a red circle"], [NaN, "a blue square"]]', "NaN is not a number JSON allows"),
+        (b'[[false, "a red circle"]]', "scene 0 start must be a number, got bool False"),
+        (b'[[0, "a red circle"], [1e400, "a blue square"]]', "scene 1 start must be a finite number"),
+    ]:
+        board.write_bytes(data)
+        status, err = _main_in_process(
+            capsys, "--model", model, "--storyboard", board, "--out", tmp_path / "x.mp4"
+        )
+        assert status == 2 and len(err) == 1 and message in err[0], err
+    config = tmp_path / "c.toml"
+    config.write_bytes(b'[generation]\nnegative_prompt = "caf\xe9"\n')
+    status, err = _main_in_process(
+        capsys, "--model", model, PROMPT, "--config", config, "--out", tmp_path / "x.mp4"
+    )
+    assert status == 2 and "not UTF-8 text" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "c.toml", "out.mp4"]
+
+
+def test_resume_refuses_another_seed_and_a_damaged_request(model, tmp_path, capsys):
+    from vidgen.cli import build_parser
+    from vidgen.cli.render import _request, _what_to_render
+
+    out = tmp_path / "x.mp4"
+    argv = ["render", "--model", str(model), PROMPT, "--seconds", "1", "--out", str(out)]
+    args = build_parser().parse_args(argv)
+    _what_to_render(args)
+    parts = tmp_path / "x.mp4.parts"
+    parts.mkdir()
+    (parts / "request.json").write_text(json.dumps({**_request(args), "seed": 3}))
+    status, err = _main_in_process(capsys, *argv[1:], "--resume", "--seed", "7")
+    assert status == 2 and len(err) == 1
+    assert (
+        "used --seed 3, not 7" in err[0] and f"delete {parts} and run the command without --resume" in err[0]
+    )
+    status, err = _main_in_process(capsys, *argv[1:], "--resume", "--steps", "2")
+    assert status == 2 and "steps differ from the interrupted render's" in err[0]
+    (parts / "request.json").write_text('{"prompt": ')
+    status, err = _main_in_process(capsys, *argv[1:], "--resume")
+    assert status == 2 and "request.json is damaged" in err[0]
+    assert not out.exists()

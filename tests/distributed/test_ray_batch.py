@@ -138,19 +138,50 @@ def test_batch_cli_and_resume_skips_finished_videos(ray_cluster, tiny_model_dir,
             'exactly one of "prompt" or "storyboard"',
         ),
         ({"prompt": "p", "out": "a.avi"}, '"out" must be an .mp4 path'),
-        ({"prompt": "p", "out": "a.mp4", "seconds": 0}, '"seconds" must be positive'),
+        ({"prompt": "p", "out": "a.mp4", "seconds": 0}, '"seconds" must be a positive number'),
+        ('{"prompt": "p", "out": "a.mp4", "seconds": NaN}', "NaN is not a number JSON allows"),
+        ({"prompt": "p", "out": "a.mp4", "seconds": True}, '"seconds" must be a number, got bool'),
+        ({"prompt": "p", "out": "a.mp4", "seconds": "3"}, '"seconds" must be a number, got str'),
+        ({"prompt": "p", "out": "a.mp4", "steps": 2.5}, '"steps" must be an integer'),
+        ({"prompt": "p", "out": "a.mp4", "seed": 2**70}, '"seed" must be at most'),
+        ('{"prompt": "p", "out": "a.mp4", "guidance": 1e400}', '"guidance" must be a finite number'),
+        ({"prompt": 3, "out": "a.mp4"}, '"prompt" must be a string'),
+        (
+            {"storyboard": [[0, "p"], [False, "q"]], "out": "a.mp4"},
+            "scene 1 start must be a number, got bool",
+        ),
+        ({"prompt": "p", "out": "a.mp4", "set": ["generation.shift=nan"]}, "must be a finite number"),
+        ("[" * 100 + "]" * 100, "nested deeper than 16 levels"),
         ({"prompt": "p", "out": "a.mp4", "set": ["model.vae=wan"]}, "not 'model.vae'"),
         ({"prompt": "p", "out": "a.mp4", "image": "missing.png"}, "no such image file: missing.png"),
         ({"prompt": "p", "out": "a.mp4", "image": "x.png", "continue": "y.mp4"}, '"image" or "continue"'),
     ],
 )
 def test_job_file_errors_name_the_line(tmp_path, line, message):
-    jobs_file = _write_jobs(
-        tmp_path / "jobs.jsonl", [{"prompt": "ok", "out": str(tmp_path / "ok.mp4")}, line]
-    )
+    """A bad line is refused at parse time, naming the line, before any job runs (``line``: a
+    job, or the raw text of a line JSON cannot write)."""
+    jobs_file = tmp_path / "jobs.jsonl"
+    ok = json.dumps({"prompt": "ok", "out": str(tmp_path / "ok.mp4")})
+    jobs_file.write_text(ok + "\n" + (line if isinstance(line, str) else json.dumps(line)) + "\n")
     with pytest.raises(JobFileError, match="jobs.jsonl:2: ") as err:
         read_jobs(jobs_file, _args(jobs_file))
     assert message in str(err.value)
+
+
+def test_a_layout_that_cannot_be_placed_leaves_nothing_behind(tmp_path, monkeypatch):
+    """``--replicas 64`` on a small cluster exits 2: no ``.parts`` nor ``request.json`` may stay."""
+    from vidgen.distributed import batch
+    from vidgen.distributed.ray_cluster import DegreeError
+
+    def cannot_place(layout, **kw):
+        raise DegreeError(f"{layout.world} workers do not fit")
+
+    monkeypatch.setattr(batch, "place_workers", cannot_place)
+    jobs_file = _write_jobs(tmp_path / "jobs.jsonl", [{"prompt": "p", "out": str(tmp_path / "a.mp4")}])
+    args = _args(jobs_file)
+    with pytest.raises(DegreeError, match="64 workers do not fit"):
+        run_batch(read_jobs(jobs_file, args), spec_from_args(args), RayParallelism(sp=1, replicas=64))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jobs.jsonl"]
 
 
 def test_duplicate_outputs_and_missing_ray_are_refused(tmp_path, capsys):

@@ -158,7 +158,8 @@ def test_missing_and_corrupt_weights_name_the_path(tmp_path):
     "kwargs, message",
     [
         ({"prompt": "  ", "seconds": 1}, "empty"),
-        ({"prompt": PROMPT, "seconds": -1}, "length"),
+        ({"prompt": PROMPT, "seconds": -1}, "seconds must be a positive number, got -1"),
+        ({"prompt": PROMPT, "seconds": 1e9}, "video length|max_seconds"),
         ({"prompt": PROMPT, "seconds": 1, "height": 50}, "multiples of 8"),
         ({"storyboard": [(0, PROMPT), (0, PROMPT)], "seconds": 1}, "increase"),
         ({"storyboard": [(1, PROMPT)], "seconds": 1}, "starts at 0"),
@@ -168,6 +169,76 @@ def test_missing_and_corrupt_weights_name_the_path(tmp_path):
 def test_bad_requests_raise_clear_errors(pipe, kwargs, message):
     with pytest.raises(InputError, match=message):
         pipe(**kwargs)
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_frames": 2.5}, "num_frames must be an integer, got 2.5"),
+        ({"num_frames": True}, "num_frames must be an integer, got bool"),
+        ({"seconds": NAN}, "seconds must be a finite number, got nan"),
+        ({"seconds": float("inf")}, "seconds must be a finite number"),
+        ({"seconds": 1e308}, r"seconds must be at most 3600 \(generation.max_seconds\)"),
+        ({"seconds": 1, "guidance_scale": NAN}, "guidance_scale must be a finite number"),
+        ({"seconds": 1, "guidance_scale": 0}, "guidance_scale must be a positive number"),
+        ({"seconds": 1, "guidance_scale": 1e308}, "guidance_scale must be at most 100"),
+        ({"seconds": 1, "generator": "abc"}, "generator must be a torch.Generator or an int seed, got str"),
+        ({"seconds": 1, "generator": 2**64}, "generator must be at most"),
+        ({"seconds": 1, "generator": -1}, "generator must be at least 0"),
+        ({"seconds": 1, "num_inference_steps": 0}, "num_inference_steps must be a positive integer"),
+        ({"seconds": 1, "num_inference_steps": 100_000}, r"at most 1000 \(generation.max_steps\)"),
+        ({"seconds": 1, "height": 0}, "height must be a positive integer, got 0"),
+        ({"seconds": 1, "image": np.full((64, 64, 3), NAN)}, "image= must hold finite numbers"),
+        ({"seconds": 1, "negative_prompt": "caf\udce9"}, "negative_prompt is not valid UTF-8"),
+    ],
+)
+def test_bad_arguments_raise_one_error_type_naming_the_argument(pipe, kwargs, message):
+    """One documented type (vidgen.InputError, a ValueError) for every bad argument, before any work."""
+    import vidgen
+
+    with pytest.raises(vidgen.InputError, match=message) as err:
+        pipe(PROMPT, **kwargs)
+    assert isinstance(err.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    "storyboard, message",
+    [
+        ([], "non-empty list"),
+        ("a string", "non-empty list"),
+        ([(0, PROMPT), (NAN, PROMPT)], "storyboard entry 1 start must be a finite number"),
+        ([(False, PROMPT)], "storyboard entry 0 start must be a number, got bool"),
+        ([(0, PROMPT), (1e308, PROMPT)], "entry 1 starts at 1e\\+308 s, after the longest video"),
+        ([(0, PROMPT, 3)], r"entry 0 must be \(start_seconds, prompt\)"),
+        ([(0, 7)], "storyboard entry 0 prompt must be a string"),
+    ],
+)
+def test_bad_storyboards(pipe, storyboard, message):
+    with pytest.raises(InputError, match=message):
+        pipe(storyboard=storyboard, seconds=1)
+
+
+def test_memory_estimate_refuses_what_cannot_fit(pipe):
+    from vidgen.pipelines.budget import estimate_memory
+
+    small = estimate_memory(pipe, pipe.config, 64, 64, 1.0)
+    big = estimate_memory(pipe, pipe.config, 128, 128, 1.0)
+    assert big.total == pytest.approx(4 * small.total, rel=0.01)  # every term grows with the pixels
+    guided = estimate_memory(pipe, pipe.config, 64, 64, 5.0)
+    assert guided.kv_cache == 2 * small.kv_cache  # two branches, two caches
+    half = {"runtime.max_memory_gb": small.total / 2e9}
+    with pytest.raises(InputError, match=r"a 64x64 video needs about .* GB .*runtime.max_memory_gb"):
+        next(pipe.stream(PROMPT, seconds=1, overrides=half))
+    pipe.plan(PROMPT, seconds=1)  # the default limit (available memory) lets a small video through
+
+
+def test_state_path_that_is_a_directory_is_refused(pipe, tmp_path):
+    with pytest.raises(InputError, match="state_path must be a file path"):
+        next(pipe.stream(PROMPT, seconds=1, generator=0, state_path=tmp_path))
+    assert list(tmp_path.parent.glob(tmp_path.name + ".tmp")) == []
 
 
 def test_call_needs_a_length(pipe):

@@ -37,6 +37,12 @@ def test_wan_preset_matches_the_causal_systems():
         ({"model": {"vocabulary": "english"}}, "model.vocabulary='english' is not one of"),
         ({"model": {"trained_sizes": "64"}}, "model.trained_sizes: '64' is not WxH"),
         ({"runtime": {"sp_kind": "tree"}}, "runtime.sp_kind='tree' is not one of 'auto', 'ulysses', 'ring'"),
+        ({"generation": {"shift": float("nan")}}, "generation.shift must be a finite number, got nan"),
+        ({"generation": {"max_seconds": float("inf")}}, "generation.max_seconds must be a finite number"),
+        ({"generation": {"guidance_scale": float("inf")}}, "generation.guidance_scale must be a finite"),
+        ({"drift": {"anchor_tolerance": float("nan")}}, "drift.anchor_tolerance must be a finite number"),
+        ({"generation": {"num_inference_steps": 2000}}, "exceeds generation.max_steps=1000"),
+        ({"runtime": {"max_memory_gb": -1}}, "runtime.max_memory_gb must be >= 0"),
     ],
 )
 def test_bad_values_are_named(data, message):
@@ -58,6 +64,25 @@ def test_overrides_and_files(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "missing.toml")
+    bad.write_bytes(b'[generation]\nnegative_prompt = "caf\xe9"\n')
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load_config(bad)
+    bad.write_bytes(bytes(range(256)))
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load_config(bad)
+    bad.write_bytes(b"\x00" * 10)
+    with pytest.raises(ConfigError, match="binary file"):
+        load_config(bad)
+    bad.write_bytes(b"#" * (2 << 20))
+    with pytest.raises(ConfigError, match="more than the 1048576"):
+        load_config(bad)
+
+
+def test_config_errors_are_input_errors():
+    """The API raises one documented type: a bad config value is one too."""
+    import vidgen
+
+    assert issubclass(ConfigError, vidgen.InputError) and issubclass(vidgen.InputError, ValueError)
 
 
 def test_the_default_model_says_what_it_was_made_for():

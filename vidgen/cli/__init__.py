@@ -1,6 +1,7 @@
 """The ``vidgen`` command line: one module per subcommand, each with ``add_parser`` and ``run``.
 
-User errors raise :class:`UsageError`; ``main`` prints its one-line message and exits with status 2
+User errors raise :class:`UsageError` (or the API's :class:`~vidgen.validation.InputError`, which
+``ConfigError`` is too); ``main`` prints its one-line message and exits with status 2
 (no traceback). Arguments are parsed and checked before anything heavy (torch, diffusers) is
 imported, so a mistake is reported at once; the subcommands import the stack inside ``run``.
 """
@@ -27,12 +28,35 @@ class UsageError(Exception):
     """A mistake in what the user asked for; printed as one line, exit status 2."""
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: a mistake is one line (the usage is one ``--help`` away)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+_NEGATIVE_SPECIALS = {"-inf", "-infinity", "-nan"}
+
+
+def _join_negative_specials(argv: list[str]) -> list[str]:
+    """``--seconds -inf``: argparse reads ``-inf`` as an option and reports a missing value; joined
+    as ``--seconds=-inf`` the value reaches the checks, which say what is wrong with it."""
+    joined: list[str] = []
+    for arg in argv:
+        previous = joined[-1] if joined else ""
+        if arg.lower() in _NEGATIVE_SPECIALS and previous.startswith("--") and "=" not in previous:
+            joined[-1] = f"{previous}={arg}"
+        else:
+            joined.append(arg)
+    return joined
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vidgen import __version__
 
     parser = argparse.ArgumentParser(prog="vidgen", description="Long-form video generation.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
     sub.required = True
     for name, module_name in _COMMANDS.items():
         module = importlib.import_module(f"vidgen.cli.{module_name}")
@@ -42,10 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_negative_specials(sys.argv[1:] if argv is None else list(argv)))
+    from vidgen.validation import InputError  # light: no torch
+
     try:
         return int(args.run(args) or 0)
-    except UsageError as err:
+    except (UsageError, InputError) as err:
         print(f"vidgen {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 import time
@@ -17,6 +18,17 @@ from pathlib import Path
 
 from vidgen.cli import UsageError
 from vidgen.config import load_config, tomllib
+from vidgen.validation import (
+    MAX_GUIDANCE,
+    MAX_INT,
+    InputError,
+    check_number,
+    check_seed,
+    check_text,
+    parse_json,
+    parse_storyboard,
+    read_text_file,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -99,35 +111,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 def read_storyboard(path: str) -> list[tuple[float, str]]:
     """``[[scene]] start = 0  prompt = "..."`` (TOML) or ``[{"start": 0, "prompt": "..."}]`` /
-    ``[[0, "..."], ...]`` (JSON)."""
-    file = Path(path)
-    if not file.is_file():
-        raise UsageError(f"storyboard file not found: {path}")
-    text = file.read_text()
-    try:  # TOMLDecodeError and JSONDecodeError are both ValueErrors
-        if file.suffix == ".toml":
-            data = tomllib.loads(text)
-            data = data.get("scene", data.get("scenes"))
-        else:
-            data = json.loads(text)
-            if isinstance(data, dict):
-                data = data.get("scenes", data.get("scene"))
-    except ValueError as err:
-        raise UsageError(f"cannot parse storyboard {path}: {err}") from None
-    if not isinstance(data, list) or not data:
-        raise UsageError(f"storyboard {path} must hold a list of scenes with start and prompt")
-    board = []
-    for i, entry in enumerate(data):
-        if isinstance(entry, dict):
-            start, prompt = entry.get("start"), entry.get("prompt")
-        elif isinstance(entry, (list, tuple)) and len(entry) == 2:
-            start, prompt = entry
-        else:
-            start = prompt = None
-        if not isinstance(start, (int, float)) or not isinstance(prompt, str):
-            raise UsageError(f"storyboard {path}: scene {i} needs a numeric start and a prompt string")
-        board.append((float(start), prompt))
-    return board
+    ``[[0, "..."], ...]`` (JSON); a file that is not one (binary, too big, too deep, times that
+    are not finite numbers) is an :class:`~vidgen.validation.InputError`."""
+    text = read_text_file(path, "storyboard")
+    return parse_storyboard(text, f"storyboard {path}", toml=Path(path).suffix == ".toml")
 
 
 def parse_overrides(items: list[str]) -> dict[str, object]:
@@ -140,7 +127,12 @@ def parse_overrides(items: list[str]) -> dict[str, object]:
             value = tomllib.loads(f"v = {raw}")["v"]
         except ValueError:
             value = raw  # a bare string
-        overrides[key.strip()] = value
+        for number in value if isinstance(value, list) else [value]:
+            if isinstance(number, float) and not math.isfinite(number):
+                raise UsageError(f"--set {key.strip()}: must be a finite number, got {raw.strip()}")
+        overrides[key.strip()] = (
+            check_text(f"--set {key.strip()}", value) if isinstance(value, str) else value
+        )
     return overrides
 
 
@@ -206,6 +198,8 @@ def _what_to_render(args: argparse.Namespace) -> None:
         args.prompt = args.text
     elif not given:
         raise UsageError("say what to render: a PROMPT, --prompt, --storyboard or --jobs")
+    if args.prompt is not None and not args.prompt.strip():
+        raise UsageError("the prompt is empty: say what the video shows")
 
 
 def read_start(args: argparse.Namespace):
@@ -227,15 +221,22 @@ def read_start(args: argparse.Namespace):
 
 
 def check_numbers(args: argparse.Namespace) -> None:
-    """Numbers that can never work, refused before anything heavy is imported (so at once)."""
+    """Numbers that can never work (not finite, not positive, out of range) and text that is not
+    UTF-8, refused before anything heavy is imported (so at once). The limits that depend on the
+    model and its config (length, steps, memory) are checked by ``LongVideoPipeline.plan``."""
     positive = ("seconds", "steps", "height", "width", "fps", "guidance", "sp", "replicas", "upscale")
     for name in positive:
         value = getattr(args, name, None)
-        if value is not None and not value > 0:
-            kind = "number" if isinstance(value, float) else "integer"
-            raise UsageError(f"--{name} must be a positive {kind}, got {value:g}")
+        if value is not None:
+            integer = not isinstance(value, float)
+            maximum = MAX_INT if integer else MAX_GUIDANCE if name == "guidance" else None
+            check_number(f"--{name}", value, integer=integer, positive=True, maximum=maximum)
+    if getattr(args, "seed", None) is not None:
+        check_seed("--seed", args.seed)
     if getattr(args, "upscale", 1) > 16:
         raise UsageError(f"--upscale enlarges up to 16 times, got {args.upscale}")
+    if getattr(args, "prompt", None) is not None:
+        check_text("the prompt", args.prompt)
 
 
 def print_fit_warnings(config, args: argparse.Namespace, request: dict) -> None:
@@ -272,6 +273,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix.lower() != ".mp4":
         raise UsageError(f"--out must end in .mp4, got {args.out}")
+    if out.is_dir():
+        raise UsageError(f"--out {args.out} is a folder: name the MP4 file to write")
     parts = out.with_name(out.name + ".parts")
     request = _request(args)
     start = read_start(args)
@@ -281,13 +284,7 @@ def run(args: argparse.Namespace) -> int:
         )
     resuming = args.resume and (parts / "request.json").is_file()
     if resuming:
-        saved = json.loads((parts / "request.json").read_text())
-        seed = saved.pop("seed")
-        saved["storyboard"] = [tuple(e) for e in saved["storyboard"]] if saved["storyboard"] else None
-        if saved != request:
-            raise UsageError(
-                f"--resume: the arguments differ from the interrupted render's ({parts / 'request.json'})"
-            )
+        seed = _resume_seed(args, parts, request)
     else:
         seed = args.seed if args.seed is not None else random_seed()
 
@@ -316,6 +313,9 @@ def run(args: argparse.Namespace) -> int:
             seconds=args.seconds,
             height=args.height,
             width=args.width,
+            num_inference_steps=args.steps,
+            guidance_scale=args.guidance,
+            seed=seed,
         )
     except (InputError, ConfigError) as err:
         raise UsageError(str(err)) from None
@@ -369,6 +369,29 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"vidgen render: wrote {out} ({total_frames} frames)", file=sys.stderr)
     return 0
+
+
+def _resume_seed(args: argparse.Namespace, parts: Path, request: dict) -> int:
+    """The seed of the interrupted render at ``parts``, once its request equals this one."""
+    start_over = f"delete {parts} and run the command without --resume to start over"
+    try:
+        saved = parse_json(read_text_file(parts / "request.json", "saved request"), "saved request")
+        seed = check_seed("the saved seed", saved.pop("seed"))
+        saved["storyboard"] = [tuple(e) for e in saved["storyboard"]] if saved["storyboard"] else None
+    except (InputError, KeyError, TypeError, AttributeError):
+        raise UsageError(f"--resume: {parts / 'request.json'} is damaged: {start_over}") from None
+    if args.seed is not None and args.seed != seed:
+        raise UsageError(
+            f"--resume: the interrupted render used --seed {seed}, not {args.seed}: resume without "
+            f"--seed (or with --seed {seed}), or {start_over}"
+        )
+    if saved != request:
+        differ = sorted(k for k in set(saved) | set(request) if saved.get(k) != request.get(k))
+        raise UsageError(
+            f"--resume: {', '.join(differ)} differ from the interrupted render's "
+            f"({parts / 'request.json'}): resume with the same arguments, or {start_over}"
+        )
+    return seed
 
 
 class _Progress:
