@@ -22,18 +22,8 @@ import torch
 
 from vidgen.models import CausalWanTransformer
 from vidgen.models.quantization import QuantizationUnavailable, method, quantize_linears, weight_bytes
+from vidgen.pipelines.benchmark_preset import WAN_1_3B
 
-WAN_1_3B = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=12,
-    attention_head_dim=128,
-    in_channels=16,
-    out_channels=16,
-    text_dim=4096,
-    freq_dim=256,
-    ffn_dim=8960,
-    num_layers=30,
-)
 VARIANTS = ("float32", "bfloat16", "int8", "fp8")
 
 
