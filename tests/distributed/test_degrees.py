@@ -19,7 +19,7 @@ def test_good_degrees_pass():
     "args, message",
     [
         ((2, 2, 3, None, "ring"), r"world size 3 != sp 2 x replicas 2 = 4: launch 4 processes"),
-        ((2, 1, 2, None, "ulysses"), r"3 attention heads across sp=2.*sp in \(1, 3\) or kind='ring'"),
+        ((2, 1, 2, None, "ulysses"), r"3 attention heads across sp=2.*sp in \(1, 3\), or ring attention"),
         ((4, 1, 4, 6, "ring"), r"6 tokens, not divisible by sp=4: use sp in \(1, 2, 3, 6\)"),
         ((0, 1, 0, None, "ring"), r"sp must be an integer >= 1"),
         ((2, 1, 2, None, "spiral"), r"kind='spiral' is unknown; choose one of ulysses, ring"),

@@ -140,6 +140,10 @@ def reading_view(cache: KVCache) -> KVCache:
     view.register_buffer("k", cache.k, persistent=False)
     view.register_buffer("v", cache.v, persistent=False)
     view.slot_frames = list(cache.slot_frames)
+    # no rotated workspace: its staleness stamp follows the shared buffers' writes, not this view's
+    # slot map, so the view rotates what it reads in every call
+    view.use_workspace = False
+    view._init_workspace()
     return view
 
 
