@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.tiny import FP32, tiny_components
+from tests.tiny import FP32, assert_decoded_match, tiny_components
 from vidgen.video import probe_video, read_video, write_mp4
 
 PROMPT = "a red circle moving left on a black background"
@@ -40,7 +40,7 @@ def test_output_saves_as_mp4(pipe, tmp_path, output_type):
     # model's frames are noise, which H.264 does not keep exactly)
     as_uint8 = (pipe(PROMPT, seconds=1, generator=3).frames * 255).round().astype(np.uint8)
     reference, _ = read_video(write_mp4(tmp_path / "reference.mp4", as_uint8, 16))
-    assert np.array_equal(frames, reference)
+    assert_decoded_match(frames, reference)  # x264 under load may decide a block differently
     assert probe_video(out.save(tmp_path / "big.mp4", upscale=4))["width"] == 256
 
 
