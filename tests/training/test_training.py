@@ -162,3 +162,48 @@ def test_batched_text_pair_equals_prompt_by_prompt_encoding():
     # the same embeddings, up to BLAS rounding of a batch of another shape
     torch.testing.assert_close(batched, text_pair(encoder, texts, previous), atol=1e-4, rtol=1e-4)
     assert not torch.allclose(batched[0], batched[2], atol=1e-2)
+
+
+def test_shape_contrast_weights_the_values_that_tell_the_shapes_apart():
+    from vidgen.shapes import world
+    from vidgen.training.transformer import shape_contrast_weight
+
+    scene = world.Scene("black", "red", "circle", "large", "slow", "right")
+    clip = world.render_clip(scene, 9, size=32, rng=0)
+    # the same trajectory redrawn: the circle's own shape gives its frames back, another differs
+    np.testing.assert_array_equal(world.redraw(clip, shape="circle"), clip.frames)
+    square = world.redraw(clip, shape="square")
+    differs = (square != clip.frames).any(axis=-1)
+    assert (
+        differs.any()
+        and (
+            differs
+            <= (clip.masks > 0)
+            | (
+                world.render_clip(
+                    scene.replace(shape="square"), 9, size=32, start=tuple(clip.centers[0])
+                ).masks
+                > 0
+            )
+        ).all()
+    )
+    z = torch.zeros(1, 2, 3, 4, 4)
+    other = z.clone()
+    other[0, 1, 2, 1, 1] = 2.0  # one latent value tells the two shapes apart
+    weight = shape_contrast_weight(z, other, strength=4.0)
+    assert weight.mean().item() == pytest.approx(1.0)
+    assert weight[0, 1, 2, 1, 1] == pytest.approx(9 * weight[0, 0, 0, 0, 0].item())
+    assert torch.equal(shape_contrast_weight(z, z, 4.0), torch.ones_like(z))
+
+
+def test_samples_carry_the_other_shape_only_when_asked(autoencoder):
+    _, final = autoencoder
+    plain = make_sample(np.random.default_rng(3), TransformerTrainConfig(autoencoder=str(final), **TINY_DIT))
+    assert plain.other_shape_frames is None
+    config = TransformerTrainConfig(autoencoder=str(final), shape_contrast=4.0, **TINY_DIT)
+    sample = make_sample(np.random.default_rng(3), config)
+    assert sample.other_shape_frames.shape == sample.frames.shape
+    np.testing.assert_array_equal(sample.frames, plain.frames)  # the data stream is unchanged
+    # another shape on the same trajectory: only the pixels around the object change
+    differs = (sample.other_shape_frames != sample.frames).any(axis=-1)
+    assert 0 < differs.mean() < 0.1

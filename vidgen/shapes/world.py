@@ -330,6 +330,14 @@ def render_clip(
     )
 
 
+def redraw(clip: Clip, size: int | None = None, **changes: str) -> np.ndarray:
+    """The frames of ``clip`` along the same trajectory with attributes changed in every scene
+    (e.g. ``shape="square"``): what the video would look like had only those words differed. Every
+    shape of a size has the same bounding box, so the trajectory and its bounces stay valid."""
+    scenes = [scene.replace(**changes) for scene in clip.scenes]
+    return _draw(scenes, clip.scene_index, clip.centers, size or clip.size, 8)[0]
+
+
 def _start_position(
     scene: Scene, rng: np.random.Generator | int | None, start: tuple[float, float] | None
 ) -> tuple[float, float]:

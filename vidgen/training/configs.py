@@ -78,6 +78,10 @@ class TransformerTrainConfig:
     context_sigma_max: float = 0.1
     object_weight: float = 8.0
     """Extra loss weight on the latent cells of the object and their neighbours."""
+    shape_contrast: float = 0.0
+    """Extra loss weight on the latent values that tell the object's shape from another shape on
+    the same trajectory (the clip is redrawn with another shape and encoded too; 0: off). Shape
+    is a few values of one or two tokens; this makes those values, not the whole object, count."""
     caption_dropout: float = 0.1
     transition_prob: float = 0.2
     """Samples whose last chunks follow a fresh prompt change (text = new ‖ old)."""

@@ -46,6 +46,7 @@ class Sample:
     text: str
     previous_text: str
     loss_chunks: list[bool]
+    other_shape_frames: np.ndarray | None = None  # the same frames with another shape (shape_contrast)
 
 
 def _video_frames_of_latent(index: int) -> tuple[int, int]:
@@ -101,6 +102,11 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
     picked = [0] + [f for i in latent_indices[1:] for f in range(*_video_frames_of_latent(i))]
     frames = clip.frames[picked]
     masks = clip.masks[picked]
+    other_shape_frames = None
+    if config.shape_contrast > 0:
+        # one shape for every scene of the clip: a change of shape inside it stays a change
+        other = str(rng.choice([s for s in world.SHAPES if s != clip.scenes[-1].shape]))
+        other_shape_frames = world.redraw(clip, config.size, shape=other)[picked]
 
     if kind == "transition":
         # one omission pattern for both captions: a direction left out of one is not a change
@@ -117,7 +123,14 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         loss_chunks = [True] * num_chunks
     else:
         loss_chunks = [latent_indices[k * c] >= change_latent for k in range(num_chunks)]
-    return Sample(frames=frames, masks=masks, text=text, previous_text=previous, loss_chunks=loss_chunks)
+    return Sample(
+        frames=frames,
+        masks=masks,
+        text=text,
+        previous_text=previous,
+        loss_chunks=loss_chunks,
+        other_shape_frames=other_shape_frames,
+    )
 
 
 def _kind_probabilities(config: TransformerTrainConfig, gap: int) -> list[float]:
@@ -171,7 +184,8 @@ def diffusion_forcing_loss(
     object_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Flow-matching loss with an independent noise level per chunk, block-causal attention;
-    ``object_weight`` (B, F, h, w) weights the latent cells of the object."""
+    ``object_weight`` (B, F, h, w) weights the latent cells of the object, or (B, C, F, h, w) each
+    latent value."""
     batch, _, frames, height, width = latents.shape
     c = config.chunk_frames
     num_chunks = frames // c
@@ -193,10 +207,21 @@ def diffusion_forcing_loss(
     pred = model(noisy, timestep_of(sigma_frames), text, attention_pattern=pattern, return_dict=False)[0]
     err = (pred.float() - (noise - latents)).square()  # (B, C, F, h, w)
     if object_weight is not None:
-        err = err * object_weight[:, None]
+        err = err * (object_weight[:, None] if object_weight.ndim == 4 else object_weight)
     err = err.mean(dim=(1, 3, 4))  # (B, F)
     weight = loss_chunks.repeat_interleave(c, dim=1).float()
     return (err * weight).sum() / weight.sum().clamp(min=1)
+
+
+def shape_contrast_weight(
+    latents: torch.Tensor, other_shape_latents: torch.Tensor, strength: float
+) -> torch.Tensor:
+    """(B, C, F, h, w) weights ``1 + strength * |z - z'|`` (capped at 3 latent stds), scaled to mean 1,
+    where ``z'`` encodes the same clip with another shape: large exactly on the values that carry
+    the shape, so the loss cannot be lowered much while the shape is wrong. The mean is kept at 1 so
+    that the loss scale (and gradient clipping) stay as without it."""
+    weight = 1.0 + strength * (latents - other_shape_latents).abs().clamp(max=3.0)
+    return weight / weight.mean()
 
 
 def latent_object_weight(masks: torch.Tensor, temporal: int, spatial: int, strength: float) -> torch.Tensor:
@@ -240,10 +265,16 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         samples = [make_sample(rng, config) for _ in range(config.batch_size)]
         with torch.no_grad():
             video = torch.stack([clip_to_tensor(s.frames) for s in samples])
+            if config.shape_contrast > 0:  # both versions through the encoder in one batch
+                video = torch.cat(
+                    [video, torch.stack([clip_to_tensor(s.other_shape_frames) for s in samples])]
+                )
             # bf16 halves the encoder's time; the latents then get noise far above its rounding
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
                 latents = vae.encode(video).latent_dist.mode().float()
             latents = (latents - mean) / std
+            if config.shape_contrast > 0:
+                latents, other_shape_latents = latents.chunk(2)
             text = text_pair_batched(
                 text_encoder, [s.text for s in samples], [s.previous_text for s in samples]
             )
@@ -252,6 +283,9 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         if config.object_weight > 0:
             masks = torch.from_numpy(np.stack([s.masks for s in samples]))
             object_weight = latent_object_weight(masks, temporal, spatial, config.object_weight)
+        if config.shape_contrast > 0:
+            contrast = shape_contrast_weight(latents, other_shape_latents, config.shape_contrast)
+            object_weight = contrast if object_weight is None else contrast * object_weight[:, None]
         data_seconds = time.perf_counter() - started
         model.train()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
