@@ -4,6 +4,7 @@
     python benchmarks/default_model/diagnose.py probe        [--model DIR]   # x0 from noised truth
     python benchmarks/default_model/diagnose.py steps        [--model DIR]
     python benchmarks/default_model/diagnose.py autoencoder  [--model DIR]
+    python benchmarks/default_model/diagnose.py overfit --run RUN --model DIR  # after --overfit-clips
 
 Each prints one table; all run on one thread. ``--model`` is a pipeline folder (default: the
 embedded model; a training checkpoint becomes one with ``vidgen train export``); ``--transformer``
@@ -141,16 +142,51 @@ def autoencoder(pipe, clips: int = 48) -> None:
     print(f"clips still adhering after the round trip: {kept}/{clips}; lost: {lost}")
 
 
+def overfit(pipe, run: str, seconds: float = 2.0) -> None:
+    """The prompts of an ``--overfit-clips`` run's fixed samples, sampled from the start: a loop
+    that can learn them draws each prompt's shape (its own colour, size and background too)."""
+    import json
+    from pathlib import Path
+
+    from vidgen.training.configs import TransformerTrainConfig
+    from vidgen.training.transformer import fixed_sample_rng, make_sample
+
+    saved = json.loads((Path(run) / "latest" / "state.json").read_text())["config"]
+    config = TransformerTrainConfig(**{k: v for k, v in saved.items() if k != "model"}, model=saved["model"])
+    if not config.overfit_clips:
+        raise SystemExit(f"{run} is not an --overfit-clips run")
+    num_frames = 1 + 4 * round(seconds * world.FPS / 4)
+    shape, passing, colour = [], [], []
+    for k in range(config.overfit_clips):
+        sample = make_sample(fixed_sample_rng(config, k), config)
+        if not sample.text:
+            continue
+        frames = _frames(pipe, sample.text, num_frames, seed=k)
+        report = evaluate_video(frames, sample.text)
+        named = parse_prompt(sample.text)
+        shape.append(np.mean([f.shape == named.shape for f in report.frames]))
+        colour.append(np.mean([f.color == named.color for f in report.frames]))
+        passing.append(report.frame_pass_rate)
+        print(f"{k:3d} shape {shape[-1]:4.0%} colour {colour[-1]:4.0%} passing {passing[-1]:4.0%}  {sample.text}")
+    print(
+        f"{len(shape)} prompts: shape right {np.mean(shape):.0%}, colour right {np.mean(colour):.0%}, "
+        f"frames passing {np.mean(passing):.0%}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("check", choices=["shape-word", "probe", "steps", "autoencoder"])
+    parser.add_argument("check", choices=["shape-word", "probe", "steps", "autoencoder", "overfit"])
     parser.add_argument("--model", help="pipeline folder (default: the embedded model)")
     parser.add_argument("--transformer", help="a transformer folder to probe instead")
+    parser.add_argument("--run", help="overfit: the --overfit-clips training run")
     args = parser.parse_args()
     torch.set_num_threads(1)
     overrides = {"model.transformer": args.transformer} if args.transformer else {}
     pipe = LongVideoPipeline.from_pretrained(args.model, **overrides)
     pipe.set_progress_bar_config(disable=True)
+    if args.check == "overfit":
+        return overfit(pipe, args.run)
     {"shape-word": shape_word, "probe": probe, "steps": steps, "autoencoder": autoencoder}[args.check](pipe)
 
 

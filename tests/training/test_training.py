@@ -207,3 +207,27 @@ def test_samples_carry_the_other_shape_only_when_asked(autoencoder):
     # another shape on the same trajectory: only the pixels around the object change
     differs = (sample.other_shape_frames != sample.frames).any(axis=-1)
     assert 0 < differs.mean() < 0.1
+
+
+def test_overfit_clips_draws_every_sample_from_the_fixed_ones(autoencoder, tmp_path, monkeypatch):
+    import vidgen.training.transformer as trainer
+
+    _, final = autoencoder
+    config = TransformerTrainConfig(
+        run_dir=str(tmp_path / "run"), autoencoder=str(final), steps=4, warmup=1, overfit_clips=3, **TINY_DIT
+    )
+    drawn = []
+    real = trainer.make_sample
+
+    def recording(rng, config):
+        sample = real(rng, config)
+        drawn.append(sample.frames.tobytes() + sample.text.encode())
+        return sample
+
+    monkeypatch.setattr(trainer, "make_sample", recording)
+    trainer.train_transformer(config)
+    fixed = [real(trainer.fixed_sample_rng(config, k), config) for k in range(3)]
+    fixed = [s.frames.tobytes() + s.text.encode() for s in fixed]
+    # 4 steps of batch 2: samples 0, 1, 2, 0, 1, 2, 0, 1 -- the three fixed ones in turn
+    assert drawn == [fixed[k % 3] for k in range(8)]
+    assert len(set(fixed)) == 3

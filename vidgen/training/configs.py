@@ -83,6 +83,10 @@ class TransformerTrainConfig:
     the same trajectory (the clip is redrawn with another shape and encoded too; 0: off). Shape
     is a few values of one or two tokens; this makes those values, not the whole object, count."""
     caption_dropout: float = 0.1
+    overfit_clips: int = 0
+    """A diagnostic: draw every sample from this many fixed samples (0: a fresh one every time).
+    With the transition, late, gap and dropout probabilities at 0, a sound loop memorises them
+    (`benchmarks/default_model/diagnose.py overfit` samples their prompts afterwards)."""
     transition_prob: float = 0.2
     """Samples whose last chunks follow a fresh prompt change (text = new ‖ old)."""
     late_appearance_prob: float = 0.08

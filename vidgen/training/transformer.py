@@ -65,6 +65,11 @@ def _changed_scene(rng: np.random.Generator, scene: world.Scene, attributes: tup
     return scene.replace(**changes)
 
 
+def fixed_sample_rng(config: TransformerTrainConfig, index: int) -> np.random.Generator:
+    """The generator that makes fixed sample ``index`` of an ``overfit_clips`` run."""
+    return np.random.default_rng([config.seed, 1 << 40, index])
+
+
 def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sample:
     c, s, w = config.chunk_frames, config.sink_frames, config.window_frames
     gap = 0 if rng.random() < 0.3 else int(rng.integers(1, config.max_gap + 1))
@@ -262,7 +267,11 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         started = time.perf_counter()
         rng = np.random.default_rng([config.seed, run.step])  # data is a function of the step: resumable
         generator = torch.Generator().manual_seed(config.seed * 1_000_003 + run.step)
-        samples = [make_sample(rng, config) for _ in range(config.batch_size)]
+        if config.overfit_clips:
+            picks = [(run.step * config.batch_size + i) % config.overfit_clips for i in range(config.batch_size)]
+            samples = [make_sample(fixed_sample_rng(config, k), config) for k in picks]
+        else:
+            samples = [make_sample(rng, config) for _ in range(config.batch_size)]
         with torch.no_grad():
             video = torch.stack([clip_to_tensor(s.frames) for s in samples])
             if config.shape_contrast > 0:  # both versions through the encoder in one batch
