@@ -218,3 +218,19 @@ def test_bad_inputs_raise_clear_errors():
         model.latent_grid(5, 4)
     with pytest.raises(ValueError, match="I2V"):
         CausalWanTransformer(**{**TINY, "image_dim": 32, "added_kv_proj_dim": 24})
+
+
+def test_dtype_answers_as_diffusers_does():
+    """The fast ``dtype`` equals diffusers' walk over the modules: float32, after ``.to(bf16)``
+    (the float32-kept norms do not count), and under layerwise casting (its compute dtype)."""
+    from diffusers.models.modeling_utils import get_parameter_dtype
+
+    model = CausalWanTransformer(**TINY)
+    assert model.dtype == get_parameter_dtype(model) == torch.float32
+    model.to(torch.bfloat16)
+    assert model.dtype == get_parameter_dtype(model) == torch.bfloat16
+    model = CausalWanTransformer(**TINY)
+    model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+    assert get_parameter_dtype(model) == torch.bfloat16
+    assert model.dtype == torch.bfloat16
+    assert model.patch_embedding.weight.dtype == torch.float32  # skipped: the hook decides, not the weight
