@@ -442,15 +442,19 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):
         window_frames: int,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
+        num_heads: int | None = None,
+        frame_tokens: int | None = None,
     ) -> KVCache:
-        """A cache sized from this model's config for latents of the given size."""
+        """A cache sized from this model's config for latents of the given size. ``num_heads`` and
+        ``frame_tokens`` replace the config's for a rank that holds a shard of them (sequence
+        parallelism)."""
         c = self.config
         return KVCache(
             num_layers=c.num_layers,
             batch_size=batch_size,
-            num_heads=c.num_attention_heads,
+            num_heads=num_heads or c.num_attention_heads,
             head_dim=c.attention_head_dim,
-            frame_tokens=self.frame_tokens(latent_height, latent_width),
+            frame_tokens=frame_tokens or self.frame_tokens(latent_height, latent_width),
             sink_frames=sink_frames,
             window_frames=window_frames,
             dtype=dtype or self.dtype,

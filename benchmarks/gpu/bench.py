@@ -145,7 +145,7 @@ def _median(values: list[float], center: int) -> float | None:
 
 
 def fp8_unavailable(device: torch.device) -> str | None:
-    """Why the FP8 variant cannot run here, or None (the quantization issue provides the hook)."""
+    """Why the FP8 variant cannot run here, or None."""
     if device.type != "cuda":
         return "FP8 needs a CUDA GPU"
     if torch.cuda.get_device_capability(device) < (8, 9):
