@@ -21,15 +21,18 @@ _LAZY = {
     # the Ray executor backend (Ray itself is imported only when these run)
     "RayParallelism": "vidgen.distributed.ray_cluster",
     "RaySessions": "vidgen.distributed.serve",
-    "render_with_ray": "vidgen.distributed.render",
+    "render_on_ray": "vidgen.distributed.render",
+    "JobDefaults": "vidgen.distributed.batch",
+    "read_jobs": "vidgen.distributed.batch",
+    "render_batch_on_ray": "vidgen.distributed.batch",
     "run_batch": "vidgen.distributed.batch",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vidgen.distributed.batch import run_batch
+    from vidgen.distributed.batch import JobDefaults, read_jobs, render_batch_on_ray, run_batch
     from vidgen.distributed.parallel_stream import SequenceParallelTransformer, sequence_parallel_stream
     from vidgen.distributed.ray_cluster import RayParallelism
-    from vidgen.distributed.render import render_with_ray
+    from vidgen.distributed.render import render_on_ray
     from vidgen.distributed.sequence_parallel import (
         ParallelConfig,
         SequenceParallelGroup,
@@ -48,6 +51,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [  # noqa: F822 - resolved lazily by __getattr__
+    "JobDefaults",
     "ParallelConfig",
     "RayParallelism",
     "RaySessions",
@@ -55,7 +59,9 @@ __all__ = [  # noqa: F822 - resolved lazily by __getattr__
     "SequenceParallelTransformer",
     "communication_volume",
     "init_process_group",
-    "render_with_ray",
+    "read_jobs",
+    "render_batch_on_ray",
+    "render_on_ray",
     "run_batch",
     "sequence_parallel_stream",
     "validate_degrees",

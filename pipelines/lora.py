@@ -60,6 +60,8 @@ class LongVideoLoraLoaderMixin(WanLoraLoaderMixin):
                 path = Path(source).expanduser()
                 path = _lora_file(path / weight_name if weight_name else path)
                 state = normalize_lora_state_dict(read_lora_file(path))
+        except ModelLoadError:
+            raise
         except (OSError, ValueError) as err:
             raise ModelLoadError(f"cannot read the LoRA {_name(source)}: {err}") from None
         return (state, None) if return_metadata else state

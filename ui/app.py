@@ -68,6 +68,7 @@ from vidgen.pipelines.session import ModelInfo, SessionBackend
 from vidgen.ui.files import ServerFiles
 from vidgen.ui.form import AUTO_BACKEND
 from vidgen.ui.live import DRIFT_LEGEND
+from vidgen.validation import InputError
 
 if TYPE_CHECKING:
     import gradio as gr
@@ -322,22 +323,17 @@ def _initial_backend(info: ModelInfo) -> str:
 # ------------------------------------------------------------------ serving
 def open_backend(kind: str, model: str | None, config: str | None) -> tuple[SessionBackend, ModelInfo]:
     """Loads the model behind the page: in this process (``local``) or on Ray Serve (``ray``)."""
-    from vidgen.cli import UsageError
-    from vidgen.config import ConfigError
-    from vidgen.pipelines import LongVideoPipeline, ModelLoadError
+    from vidgen.pipelines import LongVideoPipeline
     from vidgen.pipelines.session import LocalSessions
 
-    try:
-        if kind == "ray":
-            try:
-                from vidgen.distributed import RaySessions  # the SessionBackend protocol, plus .info
-            except ImportError as err:
-                raise UsageError(f"--backend ray: {err} (pip install 'vidgen[distributed]')") from None
-            sessions = RaySessions.from_pretrained(model, config=config)
-        else:
-            sessions = LocalSessions(LongVideoPipeline.from_pretrained(model, config=config))
-    except (ConfigError, ModelLoadError) as err:
-        raise UsageError(str(err)) from None
+    if kind == "ray":
+        try:
+            from vidgen.distributed import RaySessions  # the SessionBackend protocol, plus .info
+        except ImportError as err:
+            raise InputError(f"--backend ray: {err} (pip install 'vidgen[distributed]')") from None
+        sessions = RaySessions.from_pretrained(model, config=config)
+    else:
+        sessions = LocalSessions(LongVideoPipeline.from_pretrained(model, config=config))
     return sessions, sessions.info
 
 
@@ -375,10 +371,8 @@ def main(args: argparse.Namespace) -> int:
     """``vidgen serve``: load the model, build the page, serve it until interrupted."""
     import importlib.util
 
-    from vidgen.cli import UsageError
-
     if importlib.util.find_spec("gradio") is None:
-        raise UsageError("vidgen serve needs Gradio: pip install 'vidgen[ui]'")
+        raise InputError("vidgen serve needs Gradio: pip install 'vidgen[ui]'")
     try:
         settings = ServeSettings(
             concurrency=args.concurrency,
@@ -390,7 +384,7 @@ def main(args: argparse.Namespace) -> int:
             resample=getattr(args, "resample", "nearest"),
         )
     except ValueError as err:
-        raise UsageError(str(err)) from None
+        raise InputError(str(err)) from None
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     backend, info = open_backend(args.backend, args.model, args.config)
     files = ServerFiles.create(settings.file_ttl)

@@ -11,6 +11,7 @@ from pathlib import Path
 import av
 import numpy as np
 
+from vidgen.validation import InputError
 from vidgen.video.encoding import FrameRate, plain_fps
 
 VideoSource = str | os.PathLike | bytes | bytearray | memoryview
@@ -108,3 +109,21 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
             return np.array(image.convert("RGB"))
     except (UnidentifiedImageError, OSError) as error:
         raise ValueError(f"not an image file: {path} ({error})") from None
+
+
+def read_start(
+    image: str | os.PathLike | None = None, video: str | os.PathLike | None = None
+) -> np.ndarray | None:
+    """The frames a render starts from, (T, H, W, 3) uint8: an ``image`` (image-to-video) or the
+    frames of a ``video`` it continues; None without either. A file that cannot be read, or a video
+    without frames, is an :class:`~vidgen.validation.InputError` naming ``--image`` / ``--continue``."""
+    if not (image or video):
+        return None
+    flag, path = ("--image", image) if image else ("--continue", video)
+    try:
+        frames = read_image(image)[None] if image else read_video(video)[0]
+    except (FileNotFoundError, ValueError) as err:
+        raise InputError(f"{flag}: {str(err).splitlines()[0]}") from None
+    if not len(frames):
+        raise InputError(f"{flag}: {path} holds no frames")
+    return frames
