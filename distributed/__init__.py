@@ -20,7 +20,6 @@ _LAZY = {
     "sequence_parallel_stream": "vidgen.distributed.parallel_stream",
     # the Ray executor backend (Ray itself is imported only when these run)
     "RayParallelism": "vidgen.distributed.ray_cluster",
-    "RaySessions": "vidgen.distributed.serve",
     "render_on_ray": "vidgen.distributed.render",
     "JobDefaults": "vidgen.distributed.batch",
     "read_jobs": "vidgen.distributed.batch",
@@ -40,7 +39,6 @@ if TYPE_CHECKING:  # pragma: no cover
         init_process_group,
         validate_degrees,
     )
-    from vidgen.distributed.serve import RaySessions
 
 
 def __getattr__(name: str) -> Any:
@@ -54,7 +52,6 @@ __all__ = [  # noqa: F822 - resolved lazily by __getattr__
     "JobDefaults",
     "ParallelConfig",
     "RayParallelism",
-    "RaySessions",
     "SequenceParallelGroup",
     "SequenceParallelTransformer",
     "communication_volume",

@@ -328,7 +328,7 @@ def open_backend(kind: str, model: str | None, config: str | None) -> tuple[Sess
 
     if kind == "ray":
         try:
-            from vidgen.distributed import RaySessions  # the SessionBackend protocol, plus .info
+            from vidgen.serving import RaySessions  # the SessionBackend protocol, plus .info
         except ImportError as err:
             raise InputError(f"--backend ray: {err} (pip install 'vidgen[distributed]')") from None
         sessions = RaySessions.from_pretrained(model, config=config)
