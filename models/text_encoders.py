@@ -111,7 +111,8 @@ class MiniLMTextEncoder(PromptEncoder):
         with _quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             encoder = BertModel.from_pretrained(path, local_files_only=True, add_pooling_layer=False)
-        return cls(tokenizer, encoder.to(device), max_length)
+        # transformers types .to() through a decorator that takes the model as its first argument
+        return cls(tokenizer, encoder.to(device), max_length)  # type: ignore[arg-type]
 
 
 class UMT5TextEncoder(PromptEncoder):
@@ -140,6 +141,6 @@ class UMT5TextEncoder(PromptEncoder):
             encoder = UMT5EncoderModel.from_pretrained(
                 root / "text_encoder", torch_dtype=dtype, local_files_only=True, use_safetensors=True
             )
-        encoder_obj = cls(tokenizer, encoder.to(device), max_length)
+        encoder_obj = cls(tokenizer, encoder.to(device), max_length)  # type: ignore[arg-type]  # as above
         encoder_obj.hidden_size = encoder.config.d_model
         return encoder_obj

@@ -201,3 +201,24 @@ def test_relative_imports_resolve(tmp_path, relative):
     path.write_text(f"from {'.' * relative} import y\n")
     (name, _, _), *_ = imports("vidgen.pipelines.x", path)
     assert name == ("vidgen.pipelines" if relative == 1 else "vidgen")
+
+
+def test_the_type_checkers_layout_links_every_part():
+    """``.typecheck/vidgen`` (mypy's ``mypy_path``) mirrors the installed package: a link for every
+    entry of ``vidgen/`` and for every folder ``package-dir`` maps into ``vidgen``."""
+    from vidgen.config import tomllib  # tomli before Python 3.11
+
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    layout = ROOT / ".typecheck" / "vidgen"
+    expected = {
+        entry.name: ROOT / "vidgen" / entry.name
+        for entry in (ROOT / "vidgen").iterdir()
+        if entry.name != "__pycache__"
+    }
+    expected |= {
+        name.removeprefix("vidgen."): ROOT / folder for name, folder in mapping.items() if name != "vidgen"
+    }
+    links = {entry.name: entry for entry in layout.iterdir()}
+    assert sorted(links) == sorted(expected)
+    for name, link in links.items():
+        assert link.is_symlink() and link.resolve() == expected[name].resolve(), name

@@ -14,7 +14,7 @@ import math
 import numbers
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -57,13 +57,13 @@ def check_number(
     if (
         not isinstance(value, numbers.Integral)
         and not math.isfinite(value)
-        or (not integer and isinstance(value, numbers.Integral) and abs(value) > sys.float_info.max)
+        or (not integer and isinstance(value, numbers.Integral) and abs(int(value)) > sys.float_info.max)
     ):
         raise InputError(f"{name} must be a finite {kind}, got {_short(value)}")
     if integer and not isinstance(value, numbers.Integral):
         if not float(value).is_integer():
             raise InputError(f"{name} must be an integer, got {value}")
-        value = int(value)
+        value = int(cast(Any, value))  # a Real whose float is whole: int() takes any Real
     if positive and not value > 0:
         raise InputError(f"{name} must be a positive {kind}, got {_short(value)}")
     if minimum is not None and value < minimum:

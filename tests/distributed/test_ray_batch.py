@@ -77,7 +77,10 @@ def test_batch_survives_a_killed_worker(ray_cluster, tiny_model_dir, tmp_path):
             os.kill(killed["pid"], signal.SIGKILL)
 
     outcomes = run_batch(
-        read_jobs(jobs_file), PipelineSpec(str(tiny_model_dir)), RayParallelism(sp=1, replicas=2), on_event=on_event
+        read_jobs(jobs_file),
+        PipelineSpec(str(tiny_model_dir)),
+        RayParallelism(sp=1, replicas=2),
+        on_event=on_event,
     )
 
     assert killed and network == []

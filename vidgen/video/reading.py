@@ -23,14 +23,15 @@ def _describe(source: VideoSource) -> str:
 
 def _open(source: VideoSource) -> av.container.InputContainer:
     name = _describe(source)
+    readable: io.BytesIO | str
     if isinstance(source, bytes | bytearray | memoryview):
-        source = io.BytesIO(bytes(source))
+        readable = io.BytesIO(bytes(source))
     elif not Path(source).is_file():
         raise FileNotFoundError(f"no such video file: {source}")
     else:
-        source = str(source)
+        readable = str(source)
     try:
-        container = av.open(source)
+        container = av.open(readable, "r")
     except av.FFmpegError as error:
         raise ValueError(f"not a video file: {name} ({error})") from error
     if not container.streams.video:
@@ -55,7 +56,7 @@ def read_video(path_or_bytes: VideoSource, *, max_frames: int | None = None) -> 
     with _open(path_or_bytes) as container:
         stream = container.streams.video[0]
         fps = _stream_fps(stream)
-        frames = []
+        frames: list[np.ndarray] = []
         try:
             for frame in container.decode(stream):
                 if max_frames is not None and len(frames) >= max_frames:
@@ -117,11 +118,12 @@ def read_start(
     """The frames a render starts from, (T, H, W, 3) uint8: an ``image`` (image-to-video) or the
     frames of a ``video`` it continues; None without either. A file that cannot be read, or a video
     without frames, is an :class:`~vidgen.validation.InputError` naming ``--image`` / ``--continue``."""
-    if not (image or video):
+    path = image or video
+    if not path:
         return None
-    flag, path = ("--image", image) if image else ("--continue", video)
+    flag = "--image" if image else "--continue"
     try:
-        frames = read_image(image)[None] if image else read_video(video)[0]
+        frames = read_image(path)[None] if image else read_video(path)[0]
     except (FileNotFoundError, ValueError) as err:
         raise InputError(f"{flag}: {str(err).splitlines()[0]}") from None
     if not len(frames):

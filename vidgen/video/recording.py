@@ -86,13 +86,13 @@ class SegmentedRecording:
                 f"{path} is not valid JSON ({error}); delete the folder to start over"
             ) from error
         manifest.setdefault("upscale", "1:nearest")  # recorded before upscaling existed
-        settings = (
+        expected = (
             ("fps", str(self.fps)),
             ("crf", self._crf),
             ("preset", self._preset),
             ("upscale", self._upscale_setting()),
         )
-        for key, ours in settings:
+        for key, ours in expected:
             if manifest.get(key) != ours:
                 raise ValueError(
                     f"{self.folder} was recorded with {key}={manifest.get(key)!r} but this run uses {ours!r}: resume "
@@ -225,7 +225,7 @@ class SegmentedRecording:
                             f"{path.name}: frame times are not whole ticks of {stream.time_base}"
                         )
                     for packet in source.demux(stream):
-                        if packet.dts is None:  # the demuxer's end-of-stream marker
+                        if packet.dts is None or packet.pts is None:  # the demuxer's end-of-stream marker
                             continue
                         packet.pts += int(shift)
                         packet.dts += int(shift)
