@@ -121,7 +121,7 @@ def plan_steps(
 def _same_shape(a: BlockwiseStep, b: BlockwiseStep) -> bool:
     if (a.num_queries, a.num_keys) != (b.num_queries, b.num_keys) or (a.mask is None) != (b.mask is None):
         return False
-    return a.mask is None or torch.equal(a.mask, b.mask)
+    return a.mask is None or (b.mask is not None and torch.equal(a.mask, b.mask))
 
 
 def plan_blockwise(

@@ -1,9 +1,10 @@
-"""A small bounded cache for compiled attention patterns (dense masks, block masks, plans).
+"""The one small bounded cache of vidgen: compiled attention patterns, prompt embeddings.
 
 Compiling a pattern costs far more than a lookup (a 16k x 16k mask, a FlexAttention
 ``BlockMask``), and a model asks for the same few (pattern, lengths, device) combinations on
-every layer and step, so each backend keeps its compiled forms here. The cache is bounded
-(least recently used entries go first) because a long generation sees many KV lengths.
+every layer and step, so each backend keeps its compiled forms here; the text encoders keep
+their recent prompts' embeddings. The cache is bounded (least recently used entries go first)
+because a long generation sees many KV lengths and a live session many prompts.
 """
 
 from __future__ import annotations

@@ -111,6 +111,7 @@ def auto_backend(
       length too, measured as fast as compiled flex on CPU, and has a backward (radial inference
       runs as log-sum-exp-merged rectangles: 2.4x dense at the Wan-1.3B chunk, compiled flex 0.8x).
     """
+    order: tuple[str, ...]
     if q.device.type == "cuda":
         order = ("flash", "flex", "sdpa")
     elif q.device.type == "cpu" and _flex_pays_on_cpu(q.shape[1], kv_len, pattern, needs_grad):

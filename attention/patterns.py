@@ -92,7 +92,7 @@ def _as_triple(value: int | tuple[int, ...], name: str) -> tuple[int, int, int]:
     triple = tuple(int(v) for v in value)
     if len(triple) != 3:
         raise ValueError(f"{name} must be an int or a (t, h, w) triple, got {value!r}")
-    return triple  # type: ignore[return-value]
+    return triple
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,22 @@ class AttentionPattern:
     sinks; at temporal distance ``d`` it is ``band_rows * (dense_frames + 1) // d``."""
     tile_rows: int = 0
     """radial: queries are grouped in tiles of this many rows of one frame; a tile sees the same keys."""
+
+    # the fields a tile or radial pattern must have (checked in __post_init__), not Optional
+    @property
+    def _hw(self) -> tuple[int, int]:
+        assert self.frame_size is not None
+        return self.frame_size
+
+    @property
+    def _tiles(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        assert self.tile_size is not None and self.tile_window is not None
+        return self.tile_size, self.tile_window
+
+    @property
+    def _times(self) -> tuple[int, ...]:
+        assert self.frame_times is not None
+        return self.frame_times
 
     # ----------------------------------------------------------------- constructors
     @classmethod
@@ -259,20 +275,23 @@ class AttentionPattern:
                     f"frame_size, tile_size and tile_window apply only to tile patterns, not {kind.value}"
                 )
             return
-        if any(f is None for f in fields):
+        frame_size, tile_size, tile_window = fields
+        if frame_size is None or tile_size is None or tile_window is None:
             raise ValueError(
                 "a tile pattern needs frame_size, tile_size and tile_window; use AttentionPattern.tiles(...)"
             )
-        object.__setattr__(self, "frame_size", tuple(int(v) for v in self.frame_size))
-        object.__setattr__(self, "tile_size", _as_triple(self.tile_size, "tile_size"))
-        object.__setattr__(self, "tile_window", _as_triple(self.tile_window, "tile_window"))
-        if len(self.frame_size) != 2 or min(self.frame_size) < 1:
-            raise ValueError(f"frame_size must be a positive (h, w) in tokens, got {self.frame_size}")
-        if min(self.tile_size) < 1:
-            raise ValueError(f"tile_size must be a positive (t, h, w), got {self.tile_size}")
-        if min(self.tile_window) < 0:
-            raise ValueError(f"tile_window must be >= 0 on every axis, got {self.tile_window}")
-        h, w = self.frame_size
+        frame_hw = tuple(int(v) for v in frame_size)
+        tiles, window = _as_triple(tile_size, "tile_size"), _as_triple(tile_window, "tile_window")
+        object.__setattr__(self, "frame_size", frame_hw)
+        object.__setattr__(self, "tile_size", tiles)
+        object.__setattr__(self, "tile_window", window)
+        if len(frame_hw) != 2 or min(frame_hw) < 1:
+            raise ValueError(f"frame_size must be a positive (h, w) in tokens, got {frame_hw}")
+        if min(tiles) < 1:
+            raise ValueError(f"tile_size must be a positive (t, h, w), got {tiles}")
+        if min(window) < 0:
+            raise ValueError(f"tile_window must be >= 0 on every axis, got {window}")
+        h, w = frame_hw
         if self.frame_tokens == 1:  # the field's default: derive it from the frame size
             object.__setattr__(self, "frame_tokens", h * w)
         if self.frame_tokens != h * w:
@@ -297,14 +316,14 @@ class AttentionPattern:
             )
         object.__setattr__(self, "frame_size", tuple(int(v) for v in self.frame_size))
         object.__setattr__(self, "frame_times", tuple(int(t) for t in self.frame_times))
-        h, w = self.frame_size
+        h, w = self._hw
         if self.frame_tokens != h * w:
             raise ValueError(f"frame_tokens={self.frame_tokens} disagrees with frame_size={self.frame_size}")
-        if not self.frame_times:
+        if not self._times:
             raise ValueError("frame_times is empty: a radial pattern needs at least one key frame")
-        if not 0 <= self.sink_frames <= len(self.frame_times):
+        if not 0 <= self.sink_frames <= len(self._times):
             raise ValueError(
-                f"sink_frames={self.sink_frames} must be in 0..{len(self.frame_times)} (the key frames)"
+                f"sink_frames={self.sink_frames} must be in 0..{len(self._times)} (the key frames)"
             )
         if self.dense_frames < 0 or self.band_rows < 0 or not 1 <= self.tile_rows <= h:
             raise ValueError(
@@ -335,7 +354,7 @@ class AttentionPattern:
                 f"attention needs at least one query and one key, got q_len={q_len}, kv_len={kv_len}"
             )
         if self.kind is PatternKind.RADIAL:
-            frames = len(self.frame_times)
+            frames = len(self._times)
             if kv_len != frames * self.frame_tokens or q_len % self.frame_tokens:
                 raise ValueError(
                     f"this radial pattern describes {frames} key frames of {self.frame_tokens} tokens "
@@ -360,7 +379,7 @@ class AttentionPattern:
         if self.kind is PatternKind.TILE:
             return self._tile_visible(q_pos, k_pos)
         if self.kind is PatternKind.RADIAL:
-            return self._radial_visible(q_pos, k_pos, _frame_times_on(self.frame_times, q_pos.device))
+            return self._radial_visible(q_pos, k_pos, _frame_times_on(self._times, q_pos.device))
         q_chunk = q_pos // self.chunk_tokens
         causal = k_pos // self.chunk_tokens <= q_chunk
         if self.kind is PatternKind.BLOCK_CAUSAL:
@@ -371,9 +390,8 @@ class AttentionPattern:
         return causal & (in_window | is_sink)
 
     def _tile_visible(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        h, w = self.frame_size
-        tt, th, tw = self.tile_size
-        rt, rh, rw = self.tile_window
+        h, w = self._hw
+        (tt, th, tw), (rt, rh, rw) = self._tiles
 
         def tile_coords(pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             in_frame = pos % (h * w)
@@ -384,9 +402,9 @@ class AttentionPattern:
         return ((qt - kt).abs() <= rt) & ((qy - ky).abs() <= rh) & ((qx - kx).abs() <= rw)
 
     def _radial_visible(self, q_pos: torch.Tensor, k_pos: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
-        _, w = self.frame_size
+        _, w = self._hw
         ft, c = self.frame_tokens, self.chunk_frames
-        last = len(self.frame_times) - 1
+        last = len(self._times) - 1
         q_frame, k_frame = (
             (q_pos // ft).clamp(max=last),
             (k_pos // ft).clamp(max=last),
@@ -426,7 +444,7 @@ class AttentionPattern:
         visible = self.visible
         if self.kind is PatternKind.RADIAL:
             # the frame times are made here, outside the traced function, and captured by it
-            times = torch.tensor(self.frame_times, dtype=torch.long, device=device)
+            times = torch.tensor(self._times, dtype=torch.long, device=device)
             radial = self._radial_visible
 
             def radial_mask_mod(b, h, q_idx, kv_idx):
@@ -485,8 +503,8 @@ class AttentionPattern:
     def _radial_key_ranges(self, q_len: int, kv_len: int) -> list[ChunkKeyRanges]:
         """One entry per query tile (``tile_rows`` rows of one frame): per key frame, the whole
         frame, a band of rows, or nothing; the same rule as :meth:`_radial_visible`."""
-        h, w = self.frame_size
-        ft, c, times = self.frame_tokens, self.chunk_frames, self.frame_times
+        h, w = self._hw
+        ft, c, times = self.frame_tokens, self.chunk_frames, self._times
         first_query_frame = (kv_len - q_len) // ft
         tiles = []
         for q_frame in range(first_query_frame, len(times)):
@@ -537,9 +555,7 @@ class AttentionPattern:
             return seen / (q_len * kv_len)
         frames = max(kv_len // self.frame_tokens, 1)
         fraction = 1.0
-        for extent, tile, radius in zip(
-            (frames, *self.frame_size), self.tile_size, self.tile_window, strict=True
-        ):
+        for extent, tile, radius in zip((frames, *self._hw), *self._tiles, strict=True):
             tile_of = torch.arange(extent) // tile
             fraction *= ((tile_of[:, None] - tile_of[None, :]).abs() <= radius).float().mean().item()
         return fraction

@@ -20,16 +20,18 @@ _LAZY = {
     "sequence_parallel_stream": "vidgen.distributed.parallel_stream",
     # the Ray executor backend (Ray itself is imported only when these run)
     "RayParallelism": "vidgen.distributed.ray_cluster",
-    "RaySessions": "vidgen.distributed.serve",
-    "render_with_ray": "vidgen.distributed.render",
+    "render_on_ray": "vidgen.distributed.render",
+    "JobDefaults": "vidgen.distributed.batch",
+    "read_jobs": "vidgen.distributed.batch",
+    "render_batch_on_ray": "vidgen.distributed.batch",
     "run_batch": "vidgen.distributed.batch",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from vidgen.distributed.batch import run_batch
+    from vidgen.distributed.batch import JobDefaults, read_jobs, render_batch_on_ray, run_batch
     from vidgen.distributed.parallel_stream import SequenceParallelTransformer, sequence_parallel_stream
     from vidgen.distributed.ray_cluster import RayParallelism
-    from vidgen.distributed.render import render_with_ray
+    from vidgen.distributed.render import render_on_ray
     from vidgen.distributed.sequence_parallel import (
         ParallelConfig,
         SequenceParallelGroup,
@@ -37,7 +39,6 @@ if TYPE_CHECKING:  # pragma: no cover
         init_process_group,
         validate_degrees,
     )
-    from vidgen.distributed.serve import RaySessions
 
 
 def __getattr__(name: str) -> Any:
@@ -48,14 +49,16 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [  # noqa: F822 - resolved lazily by __getattr__
+    "JobDefaults",
     "ParallelConfig",
     "RayParallelism",
-    "RaySessions",
     "SequenceParallelGroup",
     "SequenceParallelTransformer",
     "communication_volume",
     "init_process_group",
-    "render_with_ray",
+    "read_jobs",
+    "render_batch_on_ray",
+    "render_on_ray",
     "run_batch",
     "sequence_parallel_stream",
     "validate_degrees",

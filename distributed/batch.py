@@ -1,4 +1,4 @@
-"""``vidgen render --jobs FILE.jsonl --parallel ray --replicas N``: many videos across N replicas.
+"""Many videos across N Ray replicas (``vidgen render --jobs FILE.jsonl --parallel ray --replicas N``).
 
 Each line of the file is one video (a JSON object)::
 
@@ -9,8 +9,8 @@ Keys: ``out`` (required, .mp4, relative to the current folder), ``prompt`` or ``
 list of ``[start, prompt]`` or a storyboard file), and optionally ``seconds``, ``seed``, ``height``,
 ``width``, ``steps``, ``guidance``, ``set`` (a list of ``"generation.key=value"``), and ``image``
 (a start frame) or ``continue`` (a clip continued for ``seconds`` more), as ``vidgen render
---image`` / ``--continue``; a key left out takes the command line's value (``--seconds``,
-``--seed`` + line number, ...).
+--image`` / ``--continue``; a key left out takes its :class:`JobDefaults` value (the command
+line's ``--seconds``, ``--seed`` + line number, ...).
 
 One driver thread per replica takes the next job from a shared queue and records it exactly as a
 single render does (``OUT.parts/``, see ``vidgen.distributed.render``). When a worker dies, its
@@ -21,10 +21,8 @@ time and its video is joined once, so none is lost or made twice.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from vidgen.distributed.ray_cluster import (
-    DegreeError,
     RayParallelism,
     connect,
     is_loopback_cluster,
@@ -41,14 +38,7 @@ from vidgen.distributed.ray_cluster import (
     rendezvous_dir,
 )
 from vidgen.distributed.ray_worker import WORK_DIR, PipelineSpec, VideoJob
-from vidgen.distributed.render import (
-    check_layout,
-    record_video,
-    spec_from_args,
-    start_of,
-    user_errors,
-    user_message,
-)
+from vidgen.distributed.render import check_layout, record_video, start_of, unwrapped
 from vidgen.distributed.replica import Replica, WorkerLost
 from vidgen.validation import (
     MAX_INT,
@@ -59,6 +49,7 @@ from vidgen.validation import (
     check_text,
     parse_json,
     parse_storyboard,
+    read_storyboard,
     read_text_file,
 )
 
@@ -69,6 +60,29 @@ _JOB_KEYS = {
 _PER_VIDEO_TABLES = ("generation.", "drift.")
 MAX_JOBS_BYTES = 16 << 20
 """Largest jobs file read (16 MiB)."""
+
+
+@dataclass(frozen=True)
+class JobDefaults:
+    """What a line of a jobs file leaves out, and the settings the whole batch shares (each job's
+    ``request.json`` records them, so ``--resume`` can tell a changed batch)."""
+
+    seconds: float = 10.0
+    seed: int | None = None
+    """A line without a seed gets this + its line number (None: a random one)."""
+    height: int | None = None
+    width: int | None = None
+    steps: int | None = None
+    guidance: float | None = None
+    model: str | None = None
+    transformer: str | None = None
+    lora: list[str] | None = None
+    config: str | None = None
+    set: list[str] = field(default_factory=list)
+    """``TABLE.KEY=VALUE`` overrides of the whole batch (a line's own ``set`` comes after)."""
+    fps: int | None = None
+    upscale: int = 1
+    resample: str = "nearest"
 
 
 @dataclass
@@ -113,14 +127,14 @@ class BatchEvent:
     outcome: JobOutcome | None = None
 
 
-class JobFileError(ValueError):
-    pass
+class JobFileError(InputError):
+    """A jobs file that cannot be run; the message names the line."""
 
 
-def read_jobs(path: str | Path, args: argparse.Namespace) -> list[BatchJob]:
-    """Parse a JSONL jobs file; defaults come from the command line. Errors name the line."""
-    from vidgen.cli import UsageError
-
+def read_jobs(path: str | Path, defaults: JobDefaults | None = None) -> list[BatchJob]:
+    """Parse a JSONL jobs file; what a line leaves out comes from ``defaults``. A line that cannot
+    run is a :class:`JobFileError` naming it, raised before any job runs."""
+    defaults = defaults or JobDefaults()
     try:
         text = read_text_file(path, "jobs", max_bytes=MAX_JOBS_BYTES)
     except InputError as err:
@@ -132,8 +146,8 @@ def read_jobs(path: str | Path, args: argparse.Namespace) -> list[BatchJob]:
             continue
         where = f"{path}:{number}"
         try:
-            jobs.append(_read_job(line, where, number, args, outs))
-        except (InputError, UsageError) as err:
+            jobs.append(_read_job(line, where, number, defaults, outs))
+        except InputError as err:
             message = str(err)
             raise JobFileError(message if message.startswith(where) else f"{where}: {message}") from None
     if not jobs:
@@ -141,12 +155,10 @@ def read_jobs(path: str | Path, args: argparse.Namespace) -> list[BatchJob]:
     return jobs
 
 
-def _read_job(
-    line: str, where: str, number: int, args: argparse.Namespace, outs: dict[Path, int]
-) -> BatchJob:
+def _read_job(line: str, where: str, number: int, defaults: JobDefaults, outs: dict[Path, int]) -> BatchJob:
     """One line of a jobs file; every value checked here, so a bad line fails before any job runs."""
-    from vidgen.cli import UsageError
-    from vidgen.cli.render import parse_overrides, read_start, read_storyboard
+    from vidgen.config import parse_overrides
+    from vidgen.video.reading import read_start
 
     try:
         entry = parse_json(line, where)
@@ -178,7 +190,9 @@ def _read_job(
         board = parse_storyboard(json.dumps(board), f'{where}: "storyboard"', toml=False)
     if "prompt" in entry:
         check_text(f'{where}: "prompt"', entry["prompt"])
-    seconds = float(check_number(f'{where}: "seconds"', entry.get("seconds", args.seconds), positive=True))
+    seconds = float(
+        check_number(f'{where}: "seconds"', entry.get("seconds", defaults.seconds), positive=True)
+    )
     for key in ("height", "width", "steps"):
         if entry.get(key) is not None:
             check_number(f'{where}: "{key}"', entry[key], integer=True, positive=True, maximum=MAX_INT)
@@ -189,7 +203,9 @@ def _read_job(
     seed = entry.get("seed")
     if seed is None:
         seed = (
-            (args.seed + number) if args.seed is not None else int(time.time() * 1000 + number) % (2**31 - 1)
+            (defaults.seed + number)
+            if defaults.seed is not None
+            else int(time.time() * 1000 + number) % (2**31 - 1)
         )
     job_set = entry.get("set", [])
     if not isinstance(job_set, list) or not all(isinstance(s, str) for s in job_set):
@@ -205,17 +221,17 @@ def _read_job(
         raise JobFileError(f'{where}: give "image" or "continue", not both')
     image, clip = entry.get("image"), entry.get("continue")
     try:  # unreadable now is unreadable on the workers: say so before anything runs
-        read_start(argparse.Namespace(image=image, continue_from=clip))
-    except UsageError as err:
+        read_start(image, clip)
+    except InputError as err:
         raise JobFileError(f"{where}: {err}") from None
     job = VideoJob(
         prompt=entry.get("prompt"),
         storyboard=board,
         seconds=seconds,
-        height=entry.get("height", args.height),
-        width=entry.get("width", args.width),
-        num_inference_steps=entry.get("steps", args.steps),
-        guidance_scale=entry.get("guidance", args.guidance),
+        height=entry.get("height", defaults.height),
+        width=entry.get("width", defaults.width),
+        num_inference_steps=entry.get("steps", defaults.steps),
+        guidance_scale=entry.get("guidance", defaults.guidance),
         seed=int(seed),
         overrides=overrides,
         **start_of(image, clip),
@@ -228,13 +244,13 @@ def _read_job(
         "width": job.width,
         "steps": job.num_inference_steps,
         "guidance": job.guidance_scale,
-        "model": args.model,
-        "transformer": args.transformer,
-        "lora": getattr(args, "lora", None),
-        "config": args.config,
-        "set": list(args.set) + job_set,
-        "fps": args.fps,
-        "upscale": [getattr(args, "upscale", 1), getattr(args, "resample", "nearest")],
+        "model": defaults.model,
+        "transformer": defaults.transformer,
+        "lora": defaults.lora,
+        "config": defaults.config,
+        "set": list(defaults.set) + job_set,
+        "fps": defaults.fps,
+        "upscale": [defaults.upscale, defaults.resample],
         "seed": job.seed,
         **({"image": job.image, "video": job.video} if job.include_input else {}),
     }
@@ -401,113 +417,43 @@ def _recorded_chunks(parts: Path) -> int:
         return 0
 
 
-class _BatchProgress:
-    """An overall bar (video seconds of all jobs) and one bar per replica (its current job's frames)."""
-
-    def __init__(self, jobs: list[BatchJob], replicas: int, quiet: bool) -> None:
-        self.quiet = quiet
-        self.bars: dict[int, Any] = {}
-        self.done = 0
-        self.total_jobs = len(jobs)
-        if quiet:
-            return
-        from tqdm import tqdm
-
-        self.tqdm = tqdm
-        self.overall = tqdm(
-            total=round(sum(j.job.seconds for j in jobs), 2),
-            unit="s",
-            desc=f"jobs 0/{len(jobs)}",
-            position=0,
-            dynamic_ncols=True,
-            file=sys.stderr,
-            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} video s [{elapsed}<{remaining}]",
-        )
-        for r in range(replicas):
-            self.bars[r] = tqdm(
-                total=1,
-                position=r + 1,
-                desc=f"replica {r}: idle",
-                unit="frame",
-                dynamic_ncols=True,
-                file=sys.stderr,
-                leave=False,
-            )
-
-    def __call__(self, event: BatchEvent) -> None:
-        if self.quiet:
-            return
-        bar = self.bars[event.replica.index]
-        if event.kind == "start":
-            bar.reset(total=event.job.job.num_frames)
-            bar.set_description_str(f"replica {event.replica.index}: {event.job.out.name}")
-        elif event.kind == "chunk":
-            fps = event.replica.fps
-            bar.update(len(event.chunk.frames))
-            self.overall.update(round(len(event.chunk.frames) / fps, 4))
-        elif event.kind == "restart":
-            self.tqdm.write(
-                f"vidgen render: a worker of replica {event.replica.index} died during line {event.job.number} "
-                f"({event.job.out.name}); restarting it, the job continues from its last chunk",
-                file=sys.stderr,
-            )
-        elif event.kind == "end":
-            self.done += 1
-            self.overall.set_description_str(f"jobs {self.done}/{self.total_jobs}")
-            outcome = event.outcome
-            message = f"{outcome.frames} frames" if outcome.status == "done" else outcome.error
-            self.tqdm.write(
-                f"vidgen render: line {outcome.number} {outcome.status}: {outcome.out} ({message})",
-                file=sys.stderr,
-            )
-            bar.set_description_str(f"replica {event.replica.index}: idle")
-
-    def close(self) -> None:
-        if self.quiet:
-            return
-        for bar in self.bars.values():
-            bar.close()
-        self.overall.close()
-
-
-def render_jobs(args: argparse.Namespace) -> int:
-    """``vidgen render --jobs FILE.jsonl --parallel ray``: exit status 0 if every job is done."""
-    from vidgen.cli import UsageError
-
+def render_batch_on_ray(
+    jobs: list[BatchJob],
+    *,
+    spec: PipelineSpec | None = None,
+    sp: int = 1,
+    replicas: int = 1,
+    address: str | None = None,
+    resume: bool = False,
+    on_event: Callable[[BatchEvent], None] | None = None,
+    upscale: Any = None,
+) -> list[JobOutcome]:
+    """:func:`run_batch` on the Ray cluster at ``address`` (default ``RAY_ADDRESS``, else a local
+    one, shut down at the end), with ``replicas`` replicas of ``sp`` workers loading ``spec``.
+    Degrees that cannot run and a batch that cannot start raise
+    :class:`~vidgen.validation.InputError`; one job's failure is its :class:`JobOutcome`."""
+    layout = check_layout(sp, replicas)
+    started = connect(address)
     try:
-        if args.parallel != "ray":
-            raise DegreeError("--jobs runs on Ray: add --parallel ray (and --replicas N)")
-        if getattr(args, "decode_worker", False):
-            raise DegreeError("--decode-worker applies to one video, not to --jobs")
-        layout = check_layout(args.sp, args.replicas)
-        jobs = read_jobs(args.jobs, args)
-    except (JobFileError, *user_errors()) as err:
-        raise UsageError(str(err)) from None
-    started = connect(getattr(args, "address", None))
-    progress = _BatchProgress(jobs, layout.replicas, args.quiet)
-    try:
-        from vidgen.video import Upscale
-
-        upscale = Upscale(getattr(args, "upscale", 1), getattr(args, "resample", "nearest"))
-        outcomes = run_batch(
-            jobs, spec_from_args(args), layout, resume=args.resume, on_event=progress, upscale=upscale
+        return run_batch(
+            jobs, spec or PipelineSpec(), layout, resume=resume, on_event=on_event, upscale=upscale
         )
-    except (JobFileError, *user_errors()) as err:
-        raise UsageError(user_message(err)) from None
+    except InputError as err:
+        raise unwrapped(err) from None
     finally:
-        progress.close()
         if started == "local":
             import ray
 
             ray.shutdown()
-    failed = [o for o in outcomes if o.status == "failed"]
-    if not args.quiet:
-        done = sum(o.status == "done" for o in outcomes)
-        skipped = sum(o.status == "skipped" for o in outcomes)
-        print(f"vidgen render: {done} done, {skipped} already there, {len(failed)} failed", file=sys.stderr)
-    for outcome in failed:
-        print(f"vidgen render: line {outcome.number} failed: {outcome.error}", file=sys.stderr)
-    return 1 if failed else 0
 
 
-__all__ = ["WORK_DIR", "BatchEvent", "BatchJob", "JobOutcome", "read_jobs", "render_jobs", "run_batch"]
+__all__ = [
+    "WORK_DIR",
+    "BatchEvent",
+    "BatchJob",
+    "JobDefaults",
+    "JobOutcome",
+    "read_jobs",
+    "render_batch_on_ray",
+    "run_batch",
+]

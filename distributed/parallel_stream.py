@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 
 from vidgen.distributed.sequence_parallel import SequenceParallelGroup, validate_degrees
@@ -82,6 +81,8 @@ def sequence_parallel_stream(
     every rank (each saves its own shard of the KV cache); with ``resume=True`` every rank needs its
     own saved state, or none does.
     """
+    from vidgen.pipelines.pipeline import seed_of
+
     transformer = pipe.transformer
     g = pipe.config.generation
     overrides = stream_kwargs.get("overrides") or {}
@@ -98,7 +99,7 @@ def sequence_parallel_stream(
     )
 
     kwargs = dict(stream_kwargs)
-    kwargs["generator"] = group.broadcast_object(_seed_of(kwargs.get("generator")))
+    kwargs["generator"] = group.broadcast_object(seed_of(kwargs.get("generator")))
     kwargs["control"] = _GroupControl(group, kwargs.get("control"))
     state_path = kwargs.get("state_path")
     resuming = bool(kwargs.get("resume")) and state_path is not None and Path(state_path).is_file()
@@ -114,11 +115,3 @@ def sequence_parallel_stream(
         SequenceParallelTransformer(transformer, group), pipe.vae, pipe.text_encoder, pipe.config
     )
     yield from parallel_pipe.stream(**kwargs)
-
-
-def _seed_of(generator: torch.Generator | int | None) -> int:
-    if generator is None:
-        return int(torch.randint(0, 2**31 - 1, (1,)).item())
-    if isinstance(generator, int):
-        return generator
-    return int(generator.initial_seed())

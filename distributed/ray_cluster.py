@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vidgen.validation import InputError
+
 LOOPBACK = "127.0.0.1"
 
 
-class DegreeError(ValueError):
+class DegreeError(InputError):
     """Parallel degrees that cannot run (or cannot run on this cluster); the message says what to change."""
 
 

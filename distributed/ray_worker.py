@@ -21,11 +21,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vidgen.validation import InputError
+
 WORK_DIR = "ray"
 """Sub-folder of a render's ``.parts`` folder holding the workers' state snapshots."""
 
 
-class SequenceParallelUnavailable(RuntimeError):
+class SequenceParallelUnavailable(InputError):
     """``--sp > 1`` asked for but ``vidgen.distributed.sequence_parallel`` is not installed yet."""
 
 

@@ -1,9 +1,11 @@
-"""``vidgen render --parallel ray``: one video made by a replica of ``--sp`` Ray workers.
+"""One video made by a replica of ``sp`` Ray workers (``vidgen render --parallel ray``).
 
 Who calls whom::
 
-    vidgen.cli.render.run --> render_with_ray --> record_video --> Replica.stream --> PipelineWorker.stream
-                                  (driver)            (driver)       (driver)          (Ray actors, rank 0..sp-1)
+    render_on_ray --> record_video --> Replica.stream --> PipelineWorker.stream
+       (driver)          (driver)         (driver)          (Ray actors, rank 0..sp-1)
+
+``vidgen render --parallel ray`` translates its arguments into a call of :func:`render_on_ray`.
 
 The driver alone writes the recording (``OUT.parts/``, the same resumable folder as the
 single-process render): a chunk is appended to the recording, then the state saved after that
@@ -19,12 +21,10 @@ the ranks' states, so either side can die and the video still resumes seamlessly
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,6 @@ from vidgen.distributed.ray_cluster import (
 from vidgen.distributed.ray_worker import (
     WORK_DIR,
     PipelineSpec,
-    SequenceParallelUnavailable,
     VideoJob,
     link_atomically,
     saved_chunk_index,
@@ -46,6 +45,7 @@ from vidgen.distributed.ray_worker import (
     snapshots,
 )
 from vidgen.distributed.replica import Replica, WorkerLost
+from vidgen.validation import InputError
 
 STATE_FILE = "state.safetensors"
 """The published state in a ``.parts`` folder (the name the single-process render uses)."""
@@ -146,33 +146,12 @@ def record_video(
     return RecordResult(frames=frames, chunks=chunks, restarts=restarts)
 
 
-def spec_from_args(args: argparse.Namespace) -> PipelineSpec:
-    """The pipeline every worker loads, with the overrides ``vidgen render`` would apply."""
-    from vidgen.cli.render import lora_overrides, parse_overrides
-
-    overrides: dict[str, Any] = parse_overrides(args.set)
-    if getattr(args, "fps", None):
-        overrides["generation.fps"] = args.fps
-    if getattr(args, "transformer", None):
-        overrides["model.transformer"] = args.transformer
-    overrides.update(lora_overrides(args))
-    if getattr(args, "quantize", None):
-        overrides["runtime.quantize"] = args.quantize
-    if getattr(args, "sp_kind", None):
-        overrides["runtime.sp_kind"] = args.sp_kind
-    return PipelineSpec(model=args.model, config=args.config, overrides=overrides)
-
-
 def start_of(image: str | None, video: str | None) -> dict[str, Any]:
     """VideoJob fields for ``--image`` / ``--continue`` (absolute paths: workers may run elsewhere)."""
     if not (image or video):
         return {}
     absolute = {k: str(Path(v).resolve()) for k, v in (("image", image), ("video", video)) if v}
     return {**absolute, "include_input": True}
-
-
-def _start_paths(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    return getattr(args, "image", None), getattr(args, "continue_from", None)
 
 
 def check_layout(sp: int, replicas: int) -> RayParallelism:
@@ -183,55 +162,71 @@ def check_layout(sp: int, replicas: int) -> RayParallelism:
     return layout
 
 
-def user_errors() -> tuple[type[Exception], ...]:
-    """Exceptions that are the user's to fix (printed as one line by the CLI)."""
-    from vidgen.config import ConfigError
-    from vidgen.pipelines import InputError, ModelLoadError
-
-    return (InputError, ConfigError, ModelLoadError, DegreeError, SequenceParallelUnavailable)
-
-
-def user_message(err: Exception) -> str:
-    """The message of a user error, without the remote traceback Ray puts around one raised in a
-    worker (``RayTaskError.as_instanceof_cause`` keeps the original as ``cause``)."""
-    return str(getattr(err, "cause", None) or err)
+def unwrapped(err: InputError) -> InputError:
+    """A user error without the remote traceback Ray puts around one raised in a worker
+    (``RayTaskError.as_instanceof_cause`` keeps the original as ``cause``)."""
+    cause = getattr(err, "cause", None)
+    return cause if isinstance(cause, InputError) else err
 
 
-def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: Path, out: Path) -> int:
-    """``vidgen render --parallel ray``: the request (already recorded in ``parts``) on one replica."""
-    from vidgen.cli import UsageError
-    from vidgen.cli.render import _Progress
+@dataclass
+class RayRenderStart:
+    """What :func:`render_on_ray` reports once its workers are up (``on_start``)."""
 
-    replicas = getattr(args, "replicas", 1) or 1
-    try:
-        if replicas != 1:
-            raise DegreeError("--replicas applies to batches (--jobs FILE.jsonl); one video uses one replica")
-        if getattr(args, "decode_worker", False) and start_of(*_start_paths(args)):
-            raise DegreeError(
-                "--image / --continue need the frames decoded by the ranks: drop --decode-worker"
-            )
-        layout = check_layout(args.sp, 1)
-    except user_errors() as err:
-        raise UsageError(str(err)) from None
-    job = VideoJob(
-        prompt=args.prompt,
-        storyboard=request["storyboard"],
-        seconds=args.seconds,
-        height=args.height,
-        width=args.width,
-        num_inference_steps=args.steps,
-        guidance_scale=args.guidance,
-        seed=seed,
-        **start_of(*_start_paths(args)),
-    )
-    started = connect(getattr(args, "address", None))
+    cluster: str
+    """What :func:`~vidgen.distributed.ray_cluster.connect` joined (an address, ``local``, ``existing``)."""
+    fps: int
+    num_frames: int
+    """Frames the video will have (a start clip's frames not counted)."""
+    recorded_frames: int
+    """Frames an interrupted render already recorded (they are not made again)."""
+    layout: RayParallelism
+    gpu: bool
+    decode_worker: bool
+
+
+def render_on_ray(
+    job: VideoJob,
+    out: str | Path,
+    *,
+    spec: PipelineSpec | None = None,
+    sp: int = 1,
+    decode_worker: bool = False,
+    address: str | None = None,
+    upscale: Any = None,
+    request: dict[str, Any] | None = None,
+    on_start: Callable[[RayRenderStart], None] | None = None,
+    on_chunk: Callable[[Any, float], None] | None = None,
+    on_restart: Callable[[Exception], None] | None = None,
+    max_restarts: int = 3,
+) -> RecordResult:
+    """Render ``job`` on one replica of ``sp`` Ray workers into the MP4 ``out``.
+
+    The video is recorded in ``OUT.parts/`` as it is made (a render found there is continued, so
+    an interrupted one is finished by calling this again); ``request`` is what that folder's
+    ``request.json`` records (a render's arguments, for a later ``--resume`` to compare). ``spec``:
+    the pipeline every worker loads (default: the embedded model). ``job.num_frames`` is set from
+    ``job.seconds`` at the model's frame rate. ``decode_worker``: one more worker decodes while
+    the ranks denoise the next chunk. ``address``: the cluster to join (default ``RAY_ADDRESS``,
+    else a local one, shut down at the end). ``on_chunk(chunk, real_time_factor)`` is called for
+    every chunk recorded, ``on_restart(error)`` when a lost worker is replaced.
+
+    A request that cannot run raises :class:`~vidgen.validation.InputError` (a bad degree, a model
+    that does not load, a request the pipeline refuses) and leaves no ``.parts`` folder behind if
+    nothing was recorded; :class:`WorkerLost` after ``max_restarts`` replacements.
+    """
+    out = Path(out)
+    parts = out.with_name(out.name + ".parts")
+    if decode_worker and job.include_input:
+        raise DegreeError("--image / --continue need the frames decoded by the ranks: drop --decode-worker")
+    layout = check_layout(sp, 1)
+    started = connect(address)
     placement = replica = None
     try:
-        decode_worker = bool(getattr(args, "decode_worker", False))
         placement = place_workers(layout, extra=int(decode_worker))
         replica = Replica(
             0,
-            spec_from_args(args),
+            spec or PipelineSpec(),
             placement,
             layout.sp,
             parts / WORK_DIR,
@@ -240,42 +235,32 @@ def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: P
         )
         replica.start()
         fps = replica.fps
-        job.num_frames = round(args.seconds * fps)
-        if not args.quiet:
-            unit = "GPU" if placement.gpu else "CPU"
-            decoding = " + a decode worker" if decode_worker else ""
-            print(
-                f"vidgen render: seed {seed}, {args.seconds:g} s at {fps} fps -> {out} "
-                f"(Ray {started}, sp {layout.sp} on {layout.world} {unit} worker(s){decoding})",
-                file=sys.stderr,
-            )
-        from vidgen.video import SegmentedRecording, Upscale
+        job.num_frames = round(job.seconds * fps)
+        from vidgen.video import SegmentedRecording
 
-        upscale = Upscale(getattr(args, "upscale", 1), getattr(args, "resample", "nearest"))
         if not (parts / "request.json").is_file():
             parts.mkdir(parents=True, exist_ok=True)
-            (parts / "request.json").write_text(json.dumps({**request, "seed": seed}))
-        initial = SegmentedRecording(parts, fps=fps, upscale=upscale).num_frames()
-        progress = _Progress(job.num_frames, fps, initial, quiet=args.quiet)
-        rate = _RealTime(fps)
-        try:
-            result = record_video(
-                replica,
-                job,
-                parts,
-                out,
-                on_chunk=lambda c: progress.update(len(c.frames), rate.add(len(c.frames))),
-                on_restart=lambda r, err: print(f"\nvidgen render: {err}; restarting", file=sys.stderr),
-                upscale=upscale,
+            (parts / "request.json").write_text(json.dumps(request if request is not None else asdict(job)))
+        recorded = SegmentedRecording(parts, fps=fps, upscale=upscale).num_frames()
+        if on_start is not None:
+            on_start(
+                RayRenderStart(started, fps, job.num_frames, recorded, layout, placement.gpu, decode_worker)
             )
-        finally:
-            progress.close()
-    except user_errors() as err:
+        rate = _RealTime(fps)
+        return record_video(
+            replica,
+            job,
+            parts,
+            out,
+            max_restarts=max_restarts,
+            on_chunk=None if on_chunk is None else lambda c: on_chunk(c, rate.add(len(c.frames))),
+            on_restart=None if on_restart is None else lambda r, err: on_restart(err),
+            upscale=upscale,
+        )
+    except InputError as err:
         if not _recorded_any(parts):
             shutil.rmtree(parts, ignore_errors=True)
-        raise UsageError(user_message(err)) from None
-    except WorkerLost as err:
-        raise UsageError(f"{err}; the render can be continued with --resume") from None
+        raise unwrapped(err) from None
     finally:
         if replica is not None:
             replica.stop()
@@ -285,10 +270,6 @@ def render_with_ray(args: argparse.Namespace, request: dict, seed: int, parts: P
             import ray
 
             ray.shutdown()
-    if not args.quiet:
-        extra = f", {result.restarts} worker restart(s)" if result.restarts else ""
-        print(f"vidgen render: wrote {out} ({result.frames} frames{extra})", file=sys.stderr)
-    return 0
 
 
 class _RealTime:

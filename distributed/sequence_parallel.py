@@ -326,17 +326,16 @@ class SequenceParallelGroup:
         device: torch.device | str | None = None,
     ) -> KVCache:
         """This rank's shard of the cache ``model.make_kv_cache`` would make (same arguments)."""
-        c = model.config
-        return KVCache(
-            num_layers=c.num_layers,
+        return model.make_kv_cache(
             batch_size=batch_size,
-            num_heads=self.cache_heads(c.num_attention_heads),
-            head_dim=c.attention_head_dim,
-            frame_tokens=self.cache_frame_tokens(model.frame_tokens(latent_height, latent_width)),
+            latent_height=latent_height,
+            latent_width=latent_width,
             sink_frames=sink_frames,
             window_frames=window_frames,
-            dtype=dtype or model.dtype,
-            device=device or model.device,
+            dtype=dtype,
+            device=device,
+            num_heads=self.cache_heads(model.config.num_attention_heads),
+            frame_tokens=self.cache_frame_tokens(model.frame_tokens(latent_height, latent_width)),
         )
 
 

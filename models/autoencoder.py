@@ -16,6 +16,8 @@ was chosen over a tiny ``AutoencoderKLWan``).
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
@@ -38,10 +40,11 @@ class ResBlock(nn.Module):
         return x + self.conv2(F.silu(self.norm2(h)))
 
 
-class AutoencoderKLLite(ModelMixin, ConfigMixin):
+class AutoencoderKLLite(ModelMixin, ConfigMixin):  # type: ignore[misc]  # diffusers' two config_name
     """4x temporal, 4x spatial video autoencoder (see the module docstring)."""
 
     _supports_gradient_checkpointing = False
+    config: Any  # diffusers' FrozenDict of the __init__ arguments, read as attributes (typed there as a dict)
 
     @register_to_config
     def __init__(
@@ -95,11 +98,13 @@ class AutoencoderKLLite(ModelMixin, ConfigMixin):
             nn.SiLU(),
             nn.Conv2d(refine_channels, frames_channels, 3, padding=1),
         )
-        nn.init.zeros_(self.refine[-1].weight)
-        nn.init.zeros_(self.refine[-1].bias)
+        refine_out, moments_out = cast(nn.Conv2d, self.refine[-1]), cast(nn.Conv2d, self.encoder[-1])
+        assert refine_out.bias is not None and moments_out.bias is not None  # both made with a bias
+        nn.init.zeros_(refine_out.weight)
+        nn.init.zeros_(refine_out.bias)
         # start with a small posterior variance: a latent that is mostly noise at first trains badly
         with torch.no_grad():
-            self.encoder[-1].bias[z_dim:].fill_(-6.0)
+            moments_out.bias[z_dim:].fill_(-6.0)
 
     # ------------------------------------------------------------------ geometry
     @property
@@ -163,6 +168,6 @@ class AutoencoderKLLite(ModelMixin, ConfigMixin):
         return DecoderOutput(sample=video) if return_dict else (video,)
 
     def forward(self, video: torch.Tensor, sample_posterior: bool = True) -> torch.Tensor:
-        posterior = self.encode(video).latent_dist
+        posterior = cast(AutoencoderKLOutput, self.encode(video)).latent_dist
         z = posterior.sample() if sample_posterior else posterior.mode()
-        return self.decode(z).sample
+        return cast(DecoderOutput, self.decode(z)).sample

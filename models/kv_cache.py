@@ -33,6 +33,9 @@ from vidgen.models.rope import apply_rope
 class KVCache(nn.Module):
     """Per-layer key/value buffers of shape (L, B, slots * frame_tokens, H, D)."""
 
+    k: torch.Tensor  # registered buffers (nn.Module types its attributes as Tensor | Module)
+    v: torch.Tensor
+
     def __init__(
         self,
         *,

@@ -91,7 +91,9 @@ def normalize_lora_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, 
     _refuse_unknown([k for k in state_dict if not _DIFFUSERS_KEY.match(_strip(k))], "unknown keys for a LoRA")
     converted = {}
     for key, value in state.items():
-        module = _DIFFUSERS_KEY.match(key)["module"]
+        match = _DIFFUSERS_KEY.match(key)
+        assert match is not None  # every key matched: the others were refused above
+        module = match["module"]
         if key.endswith(".alpha"):
             continue
         alpha = state.get(f"{module}.alpha")

@@ -12,11 +12,14 @@ batched matmul of another shape may round differently on some CPUs' BLAS kernels
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from vidgen.attention.cache import LRUCache
 
 
 class PromptEncoder(nn.Module):
@@ -30,8 +33,7 @@ class PromptEncoder(nn.Module):
         self.tokenizer = tokenizer
         self.encoder = encoder.eval().requires_grad_(False)
         self.max_length = max_length
-        self._cache: dict[str, torch.Tensor] = {}
-        self._cache_size = cache_size
+        self._cache: LRUCache[torch.Tensor] = LRUCache(maxsize=cache_size)
 
     @property
     def device(self) -> torch.device:
@@ -58,14 +60,16 @@ class PromptEncoder(nn.Module):
         """Embeddings (B, max_length, hidden_size); recent prompts are served from a small cache."""
         if isinstance(prompts, str):
             prompts = [prompts]
-        missing = [p for p in dict.fromkeys(prompts) if p not in self._cache]
-        fresh = {p: self.encode_uncached([p])[0] for p in missing}  # one at a time: see the module doc
-        out = torch.stack([fresh[p] if p in fresh else self._cache[p] for p in prompts])
-        for prompt, embedding in fresh.items():  # evict the oldest only after the batch is built
-            if len(self._cache) >= self._cache_size:
-                self._cache.pop(next(iter(self._cache)))
-            self._cache[prompt] = embedding
-        return out
+        # one prompt at a time (see the module doc); held here too, so a batch of more prompts than
+        # the cache keeps is still whole
+        embeddings = {
+            prompt: self._cache.get_or_create(prompt, functools.partial(self._encode_one, prompt))
+            for prompt in dict.fromkeys(prompts)
+        }
+        return torch.stack([embeddings[p] for p in prompts])
+
+    def _encode_one(self, prompt: str) -> torch.Tensor:
+        return self.encode_uncached([prompt])[0]
 
     def _apply(self, fn, recurse=True):  # moving the encoder invalidates cached tensors
         self._cache.clear()
@@ -111,7 +115,8 @@ class MiniLMTextEncoder(PromptEncoder):
         with _quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             encoder = BertModel.from_pretrained(path, local_files_only=True, add_pooling_layer=False)
-        return cls(tokenizer, encoder.to(device), max_length)
+        # transformers types .to() through a decorator that takes the model as its first argument
+        return cls(tokenizer, encoder.to(device), max_length)  # type: ignore[arg-type]
 
 
 class UMT5TextEncoder(PromptEncoder):
@@ -140,6 +145,6 @@ class UMT5TextEncoder(PromptEncoder):
             encoder = UMT5EncoderModel.from_pretrained(
                 root / "text_encoder", torch_dtype=dtype, local_files_only=True, use_safetensors=True
             )
-        encoder_obj = cls(tokenizer, encoder.to(device), max_length)
+        encoder_obj = cls(tokenizer, encoder.to(device), max_length)  # type: ignore[arg-type]  # as above
         encoder_obj.hidden_size = encoder.config.d_model
         return encoder_obj

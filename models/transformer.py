@@ -25,7 +25,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -257,10 +257,12 @@ def attend(
 
 def _cache_and_new(key, value, new_key, ctx: SelfAttentionContext, layer: int):
     """[rotated cache view | new keys] and [cache view | new values], concatenated for this call."""
-    cached_key, cached_value = ctx.kv_cache.view(layer)  # views into the buffers
+    cache, cache_rope = ctx.kv_cache, ctx.cache_rope
+    assert cache is not None and cache_rope is not None  # attention against a cache sets both
+    cached_key, cached_value = cache.view(layer)  # views into the buffers
     all_key, all_value = new_key, value
     if cached_key.shape[1]:
-        all_key = torch.cat([apply_rope(cached_key.to(key.dtype), *ctx.cache_rope), new_key], dim=1)
+        all_key = torch.cat([apply_rope(cached_key.to(key.dtype), *cache_rope), new_key], dim=1)
         all_value = torch.cat([cached_value.to(value.dtype), value], dim=1)
     return all_key, all_value
 
@@ -327,7 +329,7 @@ class CausalWanBlock(nn.Module):
 # ----------------------------------------------------------------------------- the model
 
 
-class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):
+class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: ignore[misc]  # diffusers' two config_name
     """Wan 2.1 text-to-video transformer that also runs chunk by chunk against a KV cache.
 
     The config is diffusers' ``WanTransformer3DModel`` config (same argument names); image
@@ -338,9 +340,11 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):
     """
 
     _supports_gradient_checkpointing = True
-    _no_split_modules = ["CausalWanBlock"]
-    _keep_in_fp32_modules = ["time_embedder", "scale_shift_table", "norm1", "norm2", "norm3"]
-    _skip_layerwise_casting_patterns = ["patch_embedding", "condition_embedder", "norm"]
+    # diffusers declares these None in ModelMixin, so their type there is None
+    _no_split_modules = ["CausalWanBlock"]  # type: ignore[assignment]
+    _keep_in_fp32_modules = ["time_embedder", "scale_shift_table", "norm1", "norm2", "norm3"]  # type: ignore[assignment]
+    _skip_layerwise_casting_patterns = ["patch_embedding", "condition_embedder", "norm"]  # type: ignore[assignment]
+    config: Any  # diffusers' FrozenDict of the __init__ arguments, read as attributes (typed there as a dict)
 
     @register_to_config
     def __init__(
@@ -370,7 +374,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):
             )
         if qk_norm not in ("rms_norm_across_heads", None):
             raise ValueError(f"qk_norm={qk_norm!r} is not supported (only 'rms_norm_across_heads')")
-        patch_size = tuple(patch_size)
+        patch_size = cast("tuple[int, int, int]", tuple(patch_size))  # config.json holds a list
         dim = num_attention_heads * attention_head_dim
         self.inner_dim = dim
         self.rope = WanRope(attention_head_dim, rope_max_seq_len)
@@ -389,7 +393,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_pretrained(
+    def from_pretrained(  # type: ignore[override]  # local weights only: a path is required
         cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any
     ) -> CausalWanTransformer:
         """Load local weights: a diffusers directory (``WanTransformer3DModel.save_pretrained``, also
@@ -458,15 +462,19 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):
         window_frames: int,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
+        num_heads: int | None = None,
+        frame_tokens: int | None = None,
     ) -> KVCache:
-        """A cache sized from this model's config for latents of the given size."""
+        """A cache sized from this model's config for latents of the given size. ``num_heads`` and
+        ``frame_tokens`` replace the config's for a rank that holds a shard of them (sequence
+        parallelism)."""
         c = self.config
         return KVCache(
             num_layers=c.num_layers,
             batch_size=batch_size,
-            num_heads=c.num_attention_heads,
+            num_heads=num_heads or c.num_attention_heads,
             head_dim=c.attention_head_dim,
-            frame_tokens=self.frame_tokens(latent_height, latent_width),
+            frame_tokens=frame_tokens or self.frame_tokens(latent_height, latent_width),
             sink_frames=sink_frames,
             window_frames=window_frames,
             dtype=dtype or self.dtype,
@@ -478,7 +486,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):
         """Project a prompt embedding (B, L, text_dim) to every block's cross-attention K/V."""
         text = self.condition_embedder.text_embedder(encoder_hidden_states.to(self.dtype))
         keys, values = [], []
-        for block in self.blocks:
+        for block in cast("list[CausalWanBlock]", self.blocks):
             k, v = block.attn2.project_kv(text)
             keys.append(k)
             values.append(v)
@@ -582,8 +590,8 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):
 
         # 5. output norm, projection, unpatchify
         table = self.scale_shift_table if temb.ndim == 2 else self.scale_shift_table[:, None]
-        shift, scale = (table + temb.unsqueeze(-2)).unbind(-2)
-        x = _modulate(self.norm_out(x.float()), shift, scale, ctx.frame_tokens).type_as(x)
+        out_shift, out_scale = (table + temb.unsqueeze(-2)).unbind(-2)
+        x = _modulate(self.norm_out(x.float()), out_shift, out_scale, ctx.frame_tokens).type_as(x)
         x = self.proj_out(x)
         if sequence_parallel is not None:
             x = sequence_parallel.gather(x, frame_tokens)  # (B, F * H' * W', C * p_t * p_h * p_w)

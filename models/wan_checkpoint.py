@@ -191,10 +191,11 @@ def config_from_original(
     config.json next to ``path`` when there is one), then the tensor shapes (heads of 128 channels,
     as in every released Wan 2.1 size)."""
     source = "config"
-    if original is None:
+    if original is None and path is not None:
         config_file = (path if path.is_dir() else path.parent) / "config.json"
         original = json.loads(config_file.read_text()) if config_file.is_file() else {}
         source = str(config_file)
+    original = original or {}
     if "model_type" in original and original["model_type"] not in ("t2v", None):
         raise ValueError(f"{source}: model_type={original['model_type']!r} is not supported (only t2v)")
     config = {new: original[old] for old, new in WAN_CONFIG_NAMES.items() if old in original}

@@ -33,7 +33,11 @@ class Conditioning:
         return self.uncond is not None and self.guidance_scale != 1.0
 
     def batched(self) -> TextContext:
-        return TextContext.cat([self.cond, self.uncond]) if self.guided else self.cond
+        return (
+            TextContext.cat([self.cond, self.uncond])
+            if self.uncond is not None and self.guided
+            else self.cond
+        )
 
 
 class ChunkDenoiser:

@@ -42,7 +42,7 @@ class StatsAnchor:
 
     def distance(self, latents: torch.Tensor) -> float:
         """Largest per-channel deviation from the anchor, in units of the anchor's std."""
-        if self.mean is None:
+        if self.mean is None or self.std is None:
             return 0.0
         mean, std = channel_stats(latents)
         scale = self.std.clamp(min=1e-3)
@@ -62,6 +62,7 @@ class StatsAnchor:
             return latents, False
         if self.strength == 0 or self.distance(latents) <= self.tolerance:
             return latents, False
+        assert self.mean is not None and self.std is not None  # distance() is 0 without an anchor
         target_mean = mean + self.strength * (self.mean - mean)
         target_std = std + self.strength * (self.std - std)
         scale = (target_std / std.clamp(min=1e-6))[:, :, None, None, None]
@@ -69,7 +70,7 @@ class StatsAnchor:
         return corrected, True
 
     def state(self) -> dict[str, torch.Tensor]:
-        if self.mean is None:
+        if self.mean is None or self.std is None:
             return {"anchor_collected": torch.tensor([self.collected])}
         return {
             "anchor_collected": torch.tensor([self.collected]),

@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 
 from vidgen.config import ConfigError, VidgenConfig, load_config
+from vidgen.validation import InputError
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(InputError):
     """Weights that are missing, unreadable or of the wrong kind; the message names the path."""
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from diffusers.loaders import WanLoraLoaderMixin
@@ -19,6 +20,9 @@ from diffusers.loaders import WanLoraLoaderMixin
 from vidgen.config import parse_lora_spec
 from vidgen.models.lora import check_lora_keys, normalize_lora_state_dict, read_lora_file
 from vidgen.pipelines.loading import ModelLoadError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vidgen.models import CausalWanTransformer, TextContext
 
 
 def _lora_file(path: Path) -> Path:
@@ -39,13 +43,20 @@ class LongVideoLoraLoaderMixin(WanLoraLoaderMixin):
 
     _lora_loadable_modules = ["transformer"]
     hf_device_map = None  # read by diffusers' offload handling while an adapter loads
+    # the pipeline this mixes into sets these
+    transformer: CausalWanTransformer
+    vae: Any
+    text_encoder: Any
+    _text_contexts: dict[tuple, TextContext]
 
     @property
     def components(self) -> dict:
         return {"transformer": self.transformer, "vae": self.vae, "text_encoder": self.text_encoder}
 
+    # the overrides below take what vidgen supports (local files, transformer-only weights), a
+    # narrower signature than diffusers' on purpose
     @classmethod
-    def lora_state_dict(
+    def lora_state_dict(  # type: ignore[override]
         cls, pretrained_model_name_or_path_or_dict: str | os.PathLike | dict[str, torch.Tensor], **kwargs
     ):
         """A LoRA (a local file or folder, or a state dict) in diffusers' ``transformer.*`` keys.
@@ -60,11 +71,13 @@ class LongVideoLoraLoaderMixin(WanLoraLoaderMixin):
                 path = Path(source).expanduser()
                 path = _lora_file(path / weight_name if weight_name else path)
                 state = normalize_lora_state_dict(read_lora_file(path))
+        except ModelLoadError:
+            raise
         except (OSError, ValueError) as err:
             raise ModelLoadError(f"cannot read the LoRA {_name(source)}: {err}") from None
         return (state, None) if return_metadata else state
 
-    def load_lora_weights(
+    def load_lora_weights(  # type: ignore[override]
         self,
         pretrained_model_name_or_path_or_dict: str | os.PathLike | dict[str, torch.Tensor],
         adapter_name: str | None = None,
@@ -85,13 +98,15 @@ class LongVideoLoraLoaderMixin(WanLoraLoaderMixin):
         super().load_lora_weights(state, adapter_name=adapter_name, hotswap=hotswap, **kwargs)
         self._lora_changed()
 
-    def set_adapters(
+    def set_adapters(  # type: ignore[override]
         self, adapter_names: list[str] | str, adapter_weights: float | list[float] | None = None
     ) -> None:
         super().set_adapters(adapter_names, adapter_weights)
         self._lora_changed()
 
-    def fuse_lora(self, components: list[str] | None = None, lora_scale: float = 1.0, **kwargs) -> None:
+    def fuse_lora(  # type: ignore[override]
+        self, components: list[str] | None = None, lora_scale: float = 1.0, **kwargs
+    ) -> None:
         super().fuse_lora(components=components or ["transformer"], lora_scale=lora_scale, **kwargs)
         self._lora_changed()
 

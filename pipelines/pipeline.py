@@ -495,7 +495,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         negative = check_text(
             "negative_prompt", g.negative_prompt if negative_prompt is None else negative_prompt
         )
-        seed = _seed_of(generator)
+        seed = seed_of(generator)
         if state_path is not None and Path(state_path).is_dir():
             raise InputError(f"state_path must be a file path, {state_path} is a directory")
         check_memory(self, config, height, width, guidance)
@@ -695,7 +695,8 @@ def autocast_dtype(setting: str, device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if device.type == "cpu" and cpu_has_native_bf16() else None
 
 
-def _seed_of(generator: torch.Generator | int | None) -> int:
+def seed_of(generator: torch.Generator | int | None) -> int:
+    """The seed a ``generator`` argument stands for (a random one for None), checked."""
     if generator is None:
         return int(torch.randint(0, 2**31 - 1, (1,)).item())
     if isinstance(generator, torch.Generator):

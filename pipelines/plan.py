@@ -162,7 +162,7 @@ class ChunkPlanner:
             ):
                 actions.append(DriftAction.RECACHE_PERIODIC)
             weight = 1.0
-            if in_transition:
+            if in_transition and chunks_since_change is not None:
                 weight = (chunks_since_change + 1) / (self.transition_chunks + 1)
             yield PlannedChunk(
                 index=index,

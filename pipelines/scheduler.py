@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypeVar
 
 import torch
 
@@ -78,10 +79,13 @@ class FlowSchedule:
         return add_noise(clean, noise, sigma_next)
 
 
+_Sigma = TypeVar("_Sigma", torch.Tensor, float)
+
+
 def add_noise(clean: torch.Tensor, noise: torch.Tensor, sigma: torch.Tensor | float) -> torch.Tensor:
     """``(1 - sigma) * clean + sigma * noise``; ``sigma`` broadcasts (a float or a tensor)."""
     return (1 - sigma) * clean + sigma * noise
 
 
-def timestep_of(sigma: torch.Tensor | float) -> torch.Tensor | float:
+def timestep_of(sigma: _Sigma) -> _Sigma:
     return sigma * NUM_TRAIN_TIMESTEPS

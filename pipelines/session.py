@@ -208,13 +208,13 @@ class LocalSessions:
             if session.pulling:
                 return
             del self._sessions[session_id]
-        session.context.run(session.stream.close)
+        session.context.run(_close, session.stream)
 
     def _close(self, session_id: str) -> None:
         with self._lock:
             session = self._sessions.pop(session_id, None)
         if session is not None:
-            session.context.run(session.stream.close)  # drops the generator's frame: the KV cache is freed
+            session.context.run(_close, session.stream)  # drops the generator's frame: the KV cache is freed
 
     @property
     def active(self) -> int:
@@ -247,3 +247,10 @@ class _Reader(Iterator[VideoChunk]):
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+def _close(stream: Iterator[VideoChunk]) -> None:
+    """Close a pipeline's stream (a generator: closing it runs its cleanup)."""
+    close = getattr(stream, "close", None)
+    if close is not None:
+        close()

@@ -10,8 +10,8 @@ the next chunk and Stop ends it within a chunk.
 
 It is built on :class:`~vidgen.pipelines.session.SessionBackend`, so any backend with that
 protocol serves it (``--backend local``: the pipeline in this process; ``--backend ray``: Ray
-Serve replicas from ``vidgen.distributed``). The model is loaded in :func:`main` only; importing
-this module loads nothing.
+Serve replicas from ``vidgen.serving``). The model is loaded in :func:`run_server` only (the
+``vidgen serve`` command translates its flags into that call); importing this module loads nothing.
 
 API (``gradio_client``). ``/generate`` takes the form's fields by name and streams updates
 ``(video, frames_per_second, real_time_factor, chunks, drift, mp4, status)``; the first carries
@@ -56,7 +56,6 @@ the server stops; no request names a path.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -68,6 +67,7 @@ from vidgen.pipelines.session import ModelInfo, SessionBackend
 from vidgen.ui.files import ServerFiles
 from vidgen.ui.form import AUTO_BACKEND
 from vidgen.ui.live import DRIFT_LEGEND
+from vidgen.validation import InputError
 
 if TYPE_CHECKING:
     import gradio as gr
@@ -114,18 +114,21 @@ class ServeSettings:
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+            raise InputError(f"concurrency must be at least 1, got {self.concurrency}")
         if self.queue_size < 1:
-            raise ValueError(f"the queue size must be at least 1, got {self.queue_size}")
+            raise InputError(f"the queue size must be at least 1, got {self.queue_size}")
         if self.file_ttl <= 0:
-            raise ValueError(f"the file time to live must be > 0 seconds, got {self.file_ttl}")
+            raise InputError(f"the file time to live must be > 0 seconds, got {self.file_ttl}")
         if self.segment_seconds < 1:
-            raise ValueError(f"stream segments must last at least 1 s, got {self.segment_seconds}")
+            raise InputError(f"stream segments must last at least 1 s, got {self.segment_seconds}")
         if self.max_lead < 0:
-            raise ValueError(f"the maximum lead must be >= 0 seconds, got {self.max_lead}")
+            raise InputError(f"the maximum lead must be >= 0 seconds, got {self.max_lead}")
         from vidgen.video import Upscale
 
-        Upscale(self.upscale, self.resample)  # checks them
+        try:
+            Upscale(self.upscale, self.resample)  # checks them
+        except ValueError as err:
+            raise InputError(str(err)) from None
 
 
 def build_app(
@@ -322,22 +325,17 @@ def _initial_backend(info: ModelInfo) -> str:
 # ------------------------------------------------------------------ serving
 def open_backend(kind: str, model: str | None, config: str | None) -> tuple[SessionBackend, ModelInfo]:
     """Loads the model behind the page: in this process (``local``) or on Ray Serve (``ray``)."""
-    from vidgen.cli import UsageError
-    from vidgen.config import ConfigError
-    from vidgen.pipelines import LongVideoPipeline, ModelLoadError
+    from vidgen.pipelines import LongVideoPipeline
     from vidgen.pipelines.session import LocalSessions
 
-    try:
-        if kind == "ray":
-            try:
-                from vidgen.distributed import RaySessions  # the SessionBackend protocol, plus .info
-            except ImportError as err:
-                raise UsageError(f"--backend ray: {err} (pip install 'vidgen[distributed]')") from None
-            sessions = RaySessions.from_pretrained(model, config=config)
-        else:
-            sessions = LocalSessions(LongVideoPipeline.from_pretrained(model, config=config))
-    except (ConfigError, ModelLoadError) as err:
-        raise UsageError(str(err)) from None
+    if kind == "ray":
+        try:
+            from vidgen.serving import RaySessions  # the SessionBackend protocol, plus .info
+        except ImportError as err:
+            raise InputError(f"--backend ray: {err} (pip install 'vidgen[distributed]')") from None
+        sessions = RaySessions.from_pretrained(model, config=config)
+    else:
+        sessions = LocalSessions(LongVideoPipeline.from_pretrained(model, config=config))
     return sessions, sessions.info
 
 
@@ -371,40 +369,35 @@ def serve(demo: gr.Blocks, host: str, port: int | None, stop: threading.Event | 
         demo.close()
 
 
-def main(args: argparse.Namespace) -> int:
-    """``vidgen serve``: load the model, build the page, serve it until interrupted."""
+def run_server(
+    settings: ServeSettings,
+    *,
+    backend: str = "local",
+    model: str | None = None,
+    config: str | None = None,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+) -> int:
+    """Load the model (in this process, or on Ray Serve with ``backend="ray"``), build the page and
+    serve it on ``host:port`` until interrupted (``vidgen serve``)."""
     import importlib.util
 
-    from vidgen.cli import UsageError
-
     if importlib.util.find_spec("gradio") is None:
-        raise UsageError("vidgen serve needs Gradio: pip install 'vidgen[ui]'")
-    try:
-        settings = ServeSettings(
-            concurrency=args.concurrency,
-            queue_size=args.queue_size,
-            file_ttl=args.file_ttl,
-            segment_seconds=args.segment_seconds,
-            max_lead=args.max_lead,
-            upscale=getattr(args, "upscale", 1),
-            resample=getattr(args, "resample", "nearest"),
-        )
-    except ValueError as err:
-        raise UsageError(str(err)) from None
+        raise InputError("vidgen serve needs Gradio: pip install 'vidgen[ui]'")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    backend, info = open_backend(args.backend, args.model, args.config)
+    sessions, info = open_backend(backend, model, config)
     files = ServerFiles.create(settings.file_ttl)
     # Gradio reads these when it is imported (build_app imports it): its uploads, served copies
     # and scratch files then live inside the server's folder, and go with it
     os.environ["GRADIO_TEMP_DIR"] = str(files.gradio_dir)
     os.environ["GRADIO_EXAMPLES_CACHE"] = str(files.root / "examples")
     try:
-        demo = build_app(backend, info, files, settings)
+        demo = build_app(sessions, info, files, settings)
         files.start_sweeping()
-        serve(demo, args.host, args.port)
+        serve(demo, host, port)
     finally:
         files.cleanup()
-        shutdown = getattr(backend, "shutdown", None)  # a Ray deployment is taken down with the page
+        shutdown = getattr(sessions, "shutdown", None)  # a Ray deployment is taken down with the page
         if callable(shutdown):
             shutdown()
     return 0

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vidgen.pipelines import InputError
 from vidgen.pipelines.session import GenerationRequest, ModelInfo, fit_warnings
+from vidgen.validation import InputError
 
 AUTO_BACKEND = "auto"
 """The attention-backend choice that lets the pipeline pick."""
 
 
-class FormError(ValueError):
+class FormError(InputError):
     """A form value the model cannot use; the message says which and what to change."""
 
 

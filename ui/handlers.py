@@ -3,8 +3,8 @@
 :class:`LiveHandlers` holds the server-wide pieces (the session backend, the model's limits, the
 server's folder, the stream settings) and the stop switches of the runs in progress; everything
 about one browser tab is in its ``gr.State``, which holds the id of the session it is playing.
-Bad input (a :class:`~vidgen.ui.form.FormError` or :class:`~vidgen.pipelines.InputError`) is one
-message in the status line, the other outputs left as they were and nothing in the server log;
+Bad input (an :class:`~vidgen.validation.InputError`, such as the form's
+:class:`~vidgen.ui.form.FormError`) is one message in the status line, the other outputs left as they were and nothing in the server log;
 only a failure of generation itself raises ``gr.Error`` (and is logged).
 """
 
@@ -18,12 +18,11 @@ from typing import Any
 
 import gradio as gr
 
-from vidgen.config import ConfigError
-from vidgen.pipelines import InputError
 from vidgen.pipelines.session import GenerationRequest, ModelInfo, SessionBackend
 from vidgen.ui.files import ServerFiles
 from vidgen.ui.form import Form, FormError, build_request
 from vidgen.ui.live import ACTION_NAMES, LiveStats, LiveUpdate, live_stream, stop_session
+from vidgen.validation import InputError
 from vidgen.video import Upscale
 from vidgen.video.naming import video_file_name
 
@@ -152,7 +151,7 @@ class LiveHandlers:
     def _stream(self, request: GenerationRequest) -> Iterator[tuple]:
         try:
             session_id = self.backend.open(request)
-        except (InputError, ConfigError) as err:
+        except InputError as err:
             yield self._message(f"**Cannot generate this**: {err}")
             return
         folder = self.files.new_run()
@@ -190,7 +189,7 @@ class LiveHandlers:
                     session_id,
                 )
             completed = True
-        except (InputError, ConfigError) as err:
+        except InputError as err:
             raise gr.Error(str(err), title="Cannot generate this") from None
         except gr.Error:
             raise

@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
 
-from vidgen.validation import MAX_GUIDANCE, InputError, read_text_file
+from vidgen.validation import MAX_GUIDANCE, InputError, check_text, read_text_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -395,6 +395,63 @@ def parse_lora_spec(spec: str) -> tuple[str, float]:
         except ValueError:
             pass
     return spec, 1.0
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``--set`` values, ``["TABLE.KEY=VALUE", ...]`` -> ``{"TABLE.KEY": value}``; a value is read as
+    TOML (``8``, ``true``, ``[1, 2]``) or else kept as a bare string."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or "." not in key:
+            raise InputError(f"--set expects TABLE.KEY=VALUE, got {item!r}")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except ValueError:
+            value = raw  # a bare string
+        for number in value if isinstance(value, list) else [value]:
+            if isinstance(number, float) and not math.isfinite(number):
+                raise InputError(f"--set {key.strip()}: must be a finite number, got {raw.strip()}")
+        overrides[key.strip()] = (
+            check_text(f"--set {key.strip()}", value) if isinstance(value, str) else value
+        )
+    return overrides
+
+
+def lora_overrides(specs: list[str] | None) -> dict[str, list[str]]:
+    """``--lora PATH[:SCALE]`` entries as ``model.loras`` (replacing the config's list), the paths
+    made absolute (Ray workers may run in another folder); a missing file is an :class:`InputError`."""
+    loras = []
+    for spec in specs or []:
+        path, scale = parse_lora_spec(spec)
+        if not Path(path).expanduser().exists():
+            raise InputError(f"--lora: no file at {path}")
+        loras.append(f"{Path(path).expanduser().resolve()}:{scale!r}")
+    return {"model.loras": loras} if loras else {}
+
+
+def render_overrides(
+    set_items: list[str] | None = None,
+    *,
+    fps: int | None = None,
+    transformer: str | None = None,
+    lora: list[str] | None = None,
+    quantize: str | None = None,
+    sp_kind: str | None = None,
+) -> dict[str, Any]:
+    """The config overrides of a render's options (``vidgen render``, a Ray worker's pipeline):
+    ``--set`` first, then the named options, which win."""
+    overrides = parse_overrides(list(set_items or []))
+    if fps:
+        overrides["generation.fps"] = fps
+    if transformer:
+        overrides["model.transformer"] = transformer
+    overrides.update(lora_overrides(lora))
+    if quantize:
+        overrides["runtime.quantize"] = quantize
+    if sp_kind:
+        overrides["runtime.sp_kind"] = sp_kind
+    return overrides
 
 
 def preset_names() -> list[str]:

@@ -2,7 +2,9 @@
 
 Light on purpose (no torch): the CLI runs them before its heavy imports, so a mistake is reported
 at once. Every check raises :class:`InputError`, naming the argument and what to change; the API
-raises it as is, the CLI prints it as one line and exits with status 2.
+raises it as is, the CLI prints it as one line and exits with status 2, the UI shows it as one status
+message. It is the one exception type for a request a user can fix: the more specific errors of
+the layers above (a bad config, missing weights, parallel degrees that cannot run) derive from it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 import numbers
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -55,13 +57,13 @@ def check_number(
     if (
         not isinstance(value, numbers.Integral)
         and not math.isfinite(value)
-        or (not integer and isinstance(value, numbers.Integral) and abs(value) > sys.float_info.max)
+        or (not integer and isinstance(value, numbers.Integral) and abs(int(value)) > sys.float_info.max)
     ):
         raise InputError(f"{name} must be a finite {kind}, got {_short(value)}")
     if integer and not isinstance(value, numbers.Integral):
         if not float(value).is_integer():
             raise InputError(f"{name} must be an integer, got {value}")
-        value = int(value)
+        value = int(cast(Any, value))  # a Real whose float is whole: int() takes any Real
     if positive and not value > 0:
         raise InputError(f"{name} must be a positive {kind}, got {_short(value)}")
     if minimum is not None and value < minimum:
@@ -170,6 +172,14 @@ def parse_storyboard(text: str, source: str, toml: bool) -> list[tuple[float, st
             raise InputError(f"{source}: scene {i} needs a numeric start and a prompt string")
         board.append((float(start), check_text(f"{source}: scene {i} prompt", prompt)))
     return board
+
+
+def read_storyboard(path: str | Path) -> list[tuple[float, str]]:
+    """A storyboard file: TOML (``.toml``) or JSON, as :func:`parse_storyboard` reads them; a file
+    that is not one (binary, too big, too deep, times that are not finite numbers) is an
+    :class:`InputError`."""
+    text = read_text_file(path, "storyboard")
+    return parse_storyboard(text, f"storyboard {path}", toml=Path(path).suffix == ".toml")
 
 
 def _short(value: Any) -> str:

@@ -38,11 +38,11 @@ from pathlib import Path
 import torch
 
 from vidgen.attention import get_backend
+from vidgen.bench.pipeline_preset import WAN_1_3B, WAN_TEXT_TOKENS, random_wan_transformer
+from vidgen.bench.skyreels import PromptEmbeddings
 from vidgen.config import load_config
 from vidgen.models import CausalWanTransformer
 from vidgen.pipelines import LongVideoPipeline
-from vidgen.pipelines.benchmark_preset import WAN_1_3B, WAN_TEXT_TOKENS, random_wan_transformer
-from vidgen.pipelines.benchmark_skyreels import PromptEmbeddings
 from vidgen.pipelines.overlap import OverlappedDecoder
 from vidgen.pipelines.vae_stream import frames_of_latents
 
@@ -145,7 +145,7 @@ def _median(values: list[float], center: int) -> float | None:
 
 
 def fp8_unavailable(device: torch.device) -> str | None:
-    """Why the FP8 variant cannot run here, or None (the quantization issue provides the hook)."""
+    """Why the FP8 variant cannot run here, or None."""
     if device.type != "cuda":
         return "FP8 needs a CUDA GPU"
     if torch.cuda.get_device_capability(device) < (8, 9):

@@ -54,7 +54,7 @@ def test_unreadable_start_is_exit_2_with_one_line(model, tmp_path, flag, name, m
 def test_quantize_flag_reaches_the_pipeline_and_the_ray_workers(model, tmp_path):  # noqa: F811
     pytest.importorskip("torchao")
     from vidgen.cli import build_parser
-    from vidgen.distributed.render import spec_from_args
+    from vidgen.cli.render_ray import pipeline_spec
 
     videos = []
     for extra in ([], ["--quantize", "int8"]):
@@ -65,7 +65,7 @@ def test_quantize_flag_reaches_the_pipeline_and_the_ray_workers(model, tmp_path)
     off = np.abs(videos[0].astype(int) - videos[1].astype(int)).mean()
     assert 0 < off < 10  # int8 weights move the video a little (same seed), no more
     args = build_parser().parse_args(["render", "x", "--quantize", "fp8", "--parallel", "ray"])
-    assert spec_from_args(args).overrides == {"runtime.quantize": "fp8"}
+    assert pipeline_spec(args).overrides == {"runtime.quantize": "fp8"}
     result = _render("--model", model, "--quantize", "int4", "x", check=False)
     assert result.returncode == 2 and "invalid choice: 'int4'" in result.stderr
 

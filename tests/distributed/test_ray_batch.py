@@ -13,20 +13,14 @@ import pytest
 from tests.distributed.ray_network import listeners_off_loopback
 from tests.tiny import assert_decoded_match, assert_frames_match
 from vidgen import LongVideoPipeline
-from vidgen.cli import build_parser, main
-from vidgen.distributed.batch import JobFileError, read_jobs, run_batch
+from vidgen.cli import main
+from vidgen.distributed.batch import JobDefaults, JobFileError, read_jobs, run_batch
 from vidgen.distributed.ray_cluster import RayParallelism
-from vidgen.distributed.render import spec_from_args
+from vidgen.distributed.ray_worker import PipelineSpec
 from vidgen.video import read_video
 
 RED = "a red circle moving left on a black background"
 BLUE = "a blue square moving up on a white background"
-
-
-def _args(jobs_file, model="unused", *extra):
-    return build_parser().parse_args(
-        ["render", "--jobs", str(jobs_file), "--model", str(model), "--parallel", "ray", "--quiet", *extra]
-    )
 
 
 def _write_jobs(path, jobs):
@@ -72,7 +66,7 @@ def test_batch_survives_a_killed_worker(ray_cluster, tiny_model_dir, tmp_path):
         {"storyboard": [[0, RED], [1, BLUE]], "seconds": 2, "seed": 2, "out": str(tmp_path / "b.mp4")},
         {"prompt": BLUE, "seconds": 1.5, "seed": 3, "out": str(tmp_path / "c.mp4")},
     ]
-    args = _args(_write_jobs(tmp_path / "jobs.jsonl", jobs), tiny_model_dir)
+    jobs_file = _write_jobs(tmp_path / "jobs.jsonl", jobs)
     events, killed, network = [], {}, []
 
     def on_event(event):
@@ -83,7 +77,10 @@ def test_batch_survives_a_killed_worker(ray_cluster, tiny_model_dir, tmp_path):
             os.kill(killed["pid"], signal.SIGKILL)
 
     outcomes = run_batch(
-        read_jobs(args.jobs, args), spec_from_args(args), RayParallelism(sp=1, replicas=2), on_event=on_event
+        read_jobs(jobs_file),
+        PipelineSpec(str(tiny_model_dir)),
+        RayParallelism(sp=1, replicas=2),
+        on_event=on_event,
     )
 
     assert killed and network == []
@@ -164,7 +161,7 @@ def test_job_file_errors_name_the_line(tmp_path, line, message):
     ok = json.dumps({"prompt": "ok", "out": str(tmp_path / "ok.mp4")})
     jobs_file.write_text(ok + "\n" + (line if isinstance(line, str) else json.dumps(line)) + "\n")
     with pytest.raises(JobFileError, match="jobs.jsonl:2: ") as err:
-        read_jobs(jobs_file, _args(jobs_file))
+        read_jobs(jobs_file, JobDefaults())
     assert message in str(err.value)
 
 
@@ -178,16 +175,15 @@ def test_a_layout_that_cannot_be_placed_leaves_nothing_behind(tmp_path, monkeypa
 
     monkeypatch.setattr(batch, "place_workers", cannot_place)
     jobs_file = _write_jobs(tmp_path / "jobs.jsonl", [{"prompt": "p", "out": str(tmp_path / "a.mp4")}])
-    args = _args(jobs_file)
     with pytest.raises(DegreeError, match="64 workers do not fit"):
-        run_batch(read_jobs(jobs_file, args), spec_from_args(args), RayParallelism(sp=1, replicas=64))
+        run_batch(read_jobs(jobs_file), PipelineSpec("unused"), RayParallelism(sp=1, replicas=64))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["jobs.jsonl"]
 
 
 def test_duplicate_outputs_and_missing_ray_are_refused(tmp_path, capsys):
     jobs_file = _write_jobs(tmp_path / "jobs.jsonl", [{"prompt": "p", "out": "same.mp4"}] * 2)
     with pytest.raises(JobFileError, match="also line 1's output"):
-        read_jobs(jobs_file, _args(jobs_file))
+        read_jobs(jobs_file, JobDefaults())
     assert main(["render", "--jobs", str(jobs_file)]) == 2
     assert "--jobs runs on Ray: add --parallel ray" in capsys.readouterr().err
 

@@ -70,9 +70,9 @@ def test_the_cli_flag_reaches_every_worker_spec():
     replicas of ``--jobs`` load; without it the config's own (``auto``) holds."""
     import argparse
 
-    from vidgen.distributed.render import spec_from_args
+    from vidgen.cli.render_ray import pipeline_spec
 
     args = argparse.Namespace(model=None, config=None, set=[], fps=None, transformer=None, sp_kind="ring")
-    assert spec_from_args(args).overrides == {"runtime.sp_kind": "ring"}
+    assert pipeline_spec(args).overrides == {"runtime.sp_kind": "ring"}
     args.sp_kind = None
-    assert "runtime.sp_kind" not in spec_from_args(args).overrides
+    assert "runtime.sp_kind" not in pipeline_spec(args).overrides

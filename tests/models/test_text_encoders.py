@@ -17,15 +17,15 @@ def test_embeddings_are_zero_padded_and_batch_independent():
 
 def test_cache_gives_the_same_embeddings_even_while_evicting():
     encoder = text_encoder()
-    saved = encoder._cache_size
+    saved = encoder._cache.maxsize
     try:
         encoder._cache.clear()
-        encoder._cache_size = 2
+        encoder._cache.maxsize = 2
         prompts = ["", "a", "b", "c", "", "a"]
         expected = encoder.encode_uncached(prompts)
         got = encoder(prompts)  # more distinct prompts than the cache holds, repeated ones included
         assert torch.allclose(got, expected, atol=1e-5)
         assert len(encoder._cache) <= 2
     finally:
-        encoder._cache_size = saved
+        encoder._cache.maxsize = saved
         encoder._cache.clear()

@@ -155,8 +155,8 @@ def test_render_lora_flag(model, lora_file, lora, reference):
 
 def test_live_page_and_ray_workers_load_the_config_loras(model, config_with_lora, lora, lora_file, reference):
     from vidgen.cli import build_parser
+    from vidgen.cli.render_ray import pipeline_spec
     from vidgen.distributed.ray_worker import PipelineSpec
-    from vidgen.distributed.render import spec_from_args
     from vidgen.ui.app import open_backend
 
     sessions, _info = open_backend("local", str(model), str(config_with_lora))
@@ -164,7 +164,7 @@ def test_live_page_and_ray_workers_load_the_config_loras(model, config_with_lora
     # what every Ray worker runs (vidgen serve --backend ray deploys the same PipelineSpec)
     assert_fused_at_half(PipelineSpec(model=str(model), config=str(config_with_lora)).load(), reference, lora)
     args = build_parser().parse_args(["render", "x", "--model", str(model), "--lora", f"{lora_file}:0.5"])
-    assert_fused_at_half(spec_from_args(args).load(), reference, lora)
+    assert_fused_at_half(pipeline_spec(args).load(), reference, lora)
 
 
 def test_render_with_a_bad_lora_is_one_line_exit_2(model, tmp_path):

@@ -58,15 +58,3 @@ def packets(source) -> list[tuple[Fraction, bool]]:
     """(presentation time in seconds, is_keyframe) of every video packet, in file order."""
     with av.open(str(source) if not hasattr(source, "read") else source) as container:
         return [(p.pts * p.time_base, p.is_keyframe) for p in container.demux(video=0) if p.pts is not None]
-
-
-def top_level_boxes(data: bytes) -> list[bytes]:
-    """The types of the top-level ISO-BMFF boxes in ``data``."""
-    types, offset = [], 0
-    while offset + 8 <= len(data):
-        size = int.from_bytes(data[offset : offset + 4], "big")
-        if size == 1:
-            size = int.from_bytes(data[offset + 8 : offset + 16], "big")
-        types.append(data[offset + 4 : offset + 8])
-        offset += size
-    return types

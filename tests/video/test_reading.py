@@ -1,11 +1,9 @@
 """Reading: frames, fps, limits, and clear errors for missing or undecodable input."""
 
-import os
-
 import pytest
 
 from tests.video.conftest import FPS, moving_shapes
-from vidgen.video import ffmpeg_executable, probe_video, read_video, write_mp4
+from vidgen.video import probe_video, read_video, write_mp4
 
 
 def test_max_frames_and_bytes_input(tmp_path):
@@ -33,8 +31,3 @@ def test_undecodable_input_is_reported(tmp_path):
         probe_video(junk)
     with pytest.raises(ValueError, match=r"not a video file: <5 bytes>"):
         read_video(b"hello")
-
-
-def test_ffmpeg_executable_is_a_runnable_file_or_none():
-    executable = ffmpeg_executable()
-    assert executable is None or os.access(executable, os.X_OK)

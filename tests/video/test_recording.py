@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.video.conftest import FPS, moving_shapes
-from vidgen.video import SegmentedRecording, ffmpeg_executable, probe_video, read_video
+from vidgen.video import SegmentedRecording, probe_video, read_video
 
 CHUNK_FRAMES = (16, 16, 9)
 
@@ -38,16 +38,9 @@ def test_append_records_chunks_and_manifest(tmp_path):
     assert sorted(os.listdir(tmp_path / "rec")) == [*(c["file"] for c in manifest["chunks"]), "manifest.json"]
 
 
-backends = [
-    "pyav",
-    pytest.param("ffmpeg", marks=pytest.mark.skipif(ffmpeg_executable() is None, reason="no ffmpeg binary")),
-]
-
-
-@pytest.mark.parametrize("backend", backends)
-def test_finalize_joins_segments_exactly(tmp_path, backend):
+def test_finalize_joins_segments_exactly(tmp_path):
     recording = record(tmp_path / "rec")
-    out = recording.finalize(tmp_path / "final.mp4", backend=backend)
+    out = recording.finalize(tmp_path / "final.mp4")
     frames, fps = read_video(out)
     np.testing.assert_array_equal(frames, decode_segments(recording))
     info = probe_video(out)
@@ -55,11 +48,10 @@ def test_finalize_joins_segments_exactly(tmp_path, backend):
     assert (info["codec"], info["pix_fmt"], info["width"], info["height"]) == ("h264", "yuv420p", 64, 64)
 
 
-@pytest.mark.parametrize("backend", backends)
-def test_finalize_is_exact_at_a_fractional_frame_rate(tmp_path, backend):
+def test_finalize_is_exact_at_a_fractional_frame_rate(tmp_path):
     fps = Fraction(24000, 1001)
     recording = record(tmp_path / "rec", chunks=(5, 7), fps=fps)
-    out = recording.finalize(tmp_path / "final.mp4", backend=backend)
+    out = recording.finalize(tmp_path / "final.mp4")
     np.testing.assert_array_equal(read_video(out)[0], decode_segments(recording))
     info = probe_video(out)
     assert info["fps"] == fps and info["duration"] == pytest.approx(12 / fps, abs=1e-6)
@@ -143,17 +135,6 @@ def test_empty_recording_cannot_be_finalized(tmp_path):
     with pytest.raises(ValueError, match="nothing to finalize"):
         SegmentedRecording(tmp_path / "rec", FPS).finalize(tmp_path / "out.mp4")
     assert not (tmp_path / "out.mp4").exists()
-
-
-def test_finalize_without_ffmpeg_falls_back_to_pyav(tmp_path, monkeypatch):
-    import vidgen.video.recording as recording_module
-
-    monkeypatch.setattr(recording_module, "ffmpeg_executable", lambda: None)
-    recording = record(tmp_path / "rec", chunks=(16, 4))
-    out = recording.finalize(tmp_path / "out.mp4")
-    np.testing.assert_array_equal(read_video(out)[0], decode_segments(recording))
-    with pytest.raises(RuntimeError, match="no ffmpeg binary"):
-        recording.finalize(tmp_path / "again.mp4", backend="ffmpeg")
 
 
 def test_unwritable_recording_folder_is_refused(tmp_path):

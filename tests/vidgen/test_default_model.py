@@ -17,7 +17,7 @@ PROMPT = "a red ball bouncing on a black background"
 def test_shipped_files_fit_the_budget_and_are_described():
     folder = default_model_dir()
     files = [f for f in folder.rglob("*") if f.is_file() and "__pycache__" not in f.parts]
-    assert sum(f.stat().st_size for f in files) <= 25 * 2**20  # the 25 MB
+    assert sum(f.stat().st_size for f in files) <= 25 * 2**20  # the shipped model's budget: 25 MB
     names = {f.relative_to(folder).as_posix() for f in files}
     assert {"model_index.json", "vidgen.toml", "MODEL_CARD.md"} <= names
     assert "transformer/diffusion_pytorch_model.safetensors" in names
@@ -47,7 +47,7 @@ def test_loads_offline_and_renders_the_asked_scene(clip):
     assert sum(f.reason in ("no_object", "color") for f in report.frames) <= 0.1 * len(report.frames)
 
 
-# The targets for the shipped model, and the best levels measured so far on the fixed
+# The targets for the shipped model, and the best levels measured so far on the fixed
 # set below (held-out phrasings, 4-s videos, seeds 0..5; `python -m tests.vidgen.test_default_model`
 # prints them). Until a target is reached the test asserts the measured level minus MARGIN, so
 # a regression fails; raise MEASURED whenever better weights ship.

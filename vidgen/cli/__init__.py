@@ -1,8 +1,8 @@
 """The ``vidgen`` command line: one module per subcommand, each with ``add_parser`` and ``run``.
 
-User errors raise :class:`UsageError` (or the API's :class:`~vidgen.validation.InputError`, which
-``ConfigError`` is too); ``main`` prints its one-line message and exits with status 2
-(no traceback). Arguments are parsed and checked before anything heavy (torch, diffusers) is
+A request the user can fix raises :class:`~vidgen.validation.InputError` (the one error type of
+the API, the jobs file and the UI too), wherever the fact is known; ``main`` prints its one-line
+message and exits with status 2 (no traceback). Arguments are parsed and checked before anything heavy (torch, diffusers) is
 imported, so a mistake is reported at once; the subcommands import the stack inside ``run``.
 """
 
@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from vidgen.validation import InputError  # light: no torch
 
 # name -> module under vidgen.cli; modules are imported only when their command runs or --help lists them
 _COMMANDS = {
@@ -22,10 +24,6 @@ _COMMANDS = {
     "info": "info",
     "convert": "convert",
 }
-
-
-class UsageError(Exception):
-    """A mistake in what the user asked for; printed as one line, exit status 2."""
 
 
 class _CommandParser(argparse.ArgumentParser):
@@ -67,11 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(_join_negative_specials(sys.argv[1:] if argv is None else list(argv)))
-    from vidgen.validation import InputError  # light: no torch
-
     try:
         return int(args.run(args) or 0)
-    except (UsageError, InputError) as err:
+    except InputError as err:
         print(f"vidgen {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,7 +1,7 @@
 """``vidgen bench TARGET``: benchmarks that report ratios measured in one run (tables + PNG plots).
 
 Options are declared here so that building the parser imports no torch; each target's module
-(``vidgen.<part>.benchmark``) is imported only when it runs and exposes ``main(args) -> int``.
+(``vidgen.bench.<target>``) is imported only when it runs and exposes ``main(args) -> int``.
 """
 
 from __future__ import annotations
@@ -172,10 +172,10 @@ def _add_quantize_options(parser: argparse.ArgumentParser) -> None:
 
 _TARGETS = {
     # target -> (module with main(args), function adding its options)
-    "attention": ("vidgen.attention.benchmark", _add_attention_options),
-    "pipeline": ("vidgen.pipelines.benchmark", _add_pipeline_options),
-    "distributed": ("vidgen.distributed.benchmark", _add_distributed_options),
-    "quantize": ("vidgen.pipelines.benchmark_quantize", _add_quantize_options),
+    "attention": ("vidgen.bench.attention", _add_attention_options),
+    "pipeline": ("vidgen.bench.pipeline", _add_pipeline_options),
+    "distributed": ("vidgen.bench.distributed", _add_distributed_options),
+    "quantize": ("vidgen.bench.quantize", _add_quantize_options),
 }
 
 

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from vidgen.cli import UsageError
+from vidgen.validation import InputError
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -43,22 +43,22 @@ def run(args: argparse.Namespace) -> int:
 
     checkpoint, out = Path(args.checkpoint), Path(args.out_dir)
     if not checkpoint.is_file():
-        raise UsageError(f"no checkpoint at {checkpoint}")
+        raise InputError(f"no checkpoint at {checkpoint}")
     if out.exists() and any(out.iterdir()) and not args.force:
-        raise UsageError(f"{out} is not empty: choose another OUT_DIR or pass --force")
+        raise InputError(f"{out} is not empty: choose another OUT_DIR or pass --force")
     config = None
     if args.config:
         try:
             config = json.loads(Path(args.config).read_text())
         except (OSError, ValueError) as err:
-            raise UsageError(f"--config {args.config}: {err}") from None
+            raise InputError(f"--config {args.config}: {err}") from None
     lora, scale = parse_lora_spec(args.lora) if args.lora else (None, 1.0)
     try:
         model = convert_checkpoint(
             checkpoint, out, key=args.key, lora=lora, lora_scale=scale, dtype=args.dtype, config=config
         )
     except (OSError, ValueError) as err:
-        raise UsageError(str(err)) from None
+        raise InputError(str(err)) from None
     c = model.config
     print(
         f"vidgen convert: wrote {out} ({c.num_layers} layers, {c.num_attention_heads} heads of "

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from vidgen.cli import UsageError
+from vidgen.validation import InputError, read_storyboard
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -74,21 +74,20 @@ def _print_table(report: dict) -> None:
 
 
 def _judge_file(args: argparse.Namespace) -> int:
-    from vidgen.cli.render import read_storyboard
     from vidgen.shapes.evaluate import evaluate_video
     from vidgen.video import read_video
 
     if not (args.prompt or args.storyboard):
-        raise UsageError("--video needs --prompt or --storyboard: what should it show?")
+        raise InputError("--video needs --prompt or --storyboard: what should it show?")
     try:
         frames, fps = read_video(args.video)
     except (FileNotFoundError, ValueError) as err:
-        raise UsageError(str(err)) from None
+        raise InputError(str(err)) from None
     prompt = read_storyboard(args.storyboard) if args.storyboard else args.prompt
     try:
         report = evaluate_video(frames, prompt, fps=int(round(float(fps))))
     except ValueError as err:
-        raise UsageError(str(err)) from None
+        raise InputError(str(err)) from None
     summary = {
         "frames": report.num_frames,
         "adheres": report.adheres,
@@ -116,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     storyboards += evaluation.held_out_storyboards(args.storyboards, args.storyboard_seconds, seed=args.seed)
     long_prompts = evaluation.held_out_prompts(args.long, args.seed + 1000)
     if not (prompts or storyboards or long_prompts):
-        raise UsageError("nothing to evaluate: pass --prompts, --held-out, --storyboards, --long or --video")
+        raise InputError("nothing to evaluate: pass --prompts, --held-out, --storyboards, --long or --video")
     args.transformer = None
     args.fps = None
     pipe = load_pipeline(args)

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from vidgen.cli import UsageError
-from vidgen.config import load_config, tomllib
+from vidgen.config import load_config, render_overrides
 from vidgen.validation import (
     MAX_GUIDANCE,
     MAX_INT,
@@ -26,7 +25,7 @@ from vidgen.validation import (
     check_seed,
     check_text,
     parse_json,
-    parse_storyboard,
+    read_storyboard,
     read_text_file,
 )
 
@@ -109,33 +108,6 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.set_defaults(run=run)
 
 
-def read_storyboard(path: str) -> list[tuple[float, str]]:
-    """``[[scene]] start = 0  prompt = "..."`` (TOML) or ``[{"start": 0, "prompt": "..."}]`` /
-    ``[[0, "..."], ...]`` (JSON); a file that is not one (binary, too big, too deep, times that
-    are not finite numbers) is an :class:`~vidgen.validation.InputError`."""
-    text = read_text_file(path, "storyboard")
-    return parse_storyboard(text, f"storyboard {path}", toml=Path(path).suffix == ".toml")
-
-
-def parse_overrides(items: list[str]) -> dict[str, object]:
-    overrides: dict[str, object] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or "." not in key:
-            raise UsageError(f"--set expects TABLE.KEY=VALUE, got {item!r}")
-        try:
-            value = tomllib.loads(f"v = {raw}")["v"]
-        except ValueError:
-            value = raw  # a bare string
-        for number in value if isinstance(value, list) else [value]:
-            if isinstance(number, float) and not math.isfinite(number):
-                raise UsageError(f"--set {key.strip()}: must be a finite number, got {raw.strip()}")
-        overrides[key.strip()] = (
-            check_text(f"--set {key.strip()}", value) if isinstance(value, str) else value
-        )
-    return overrides
-
-
 def _request(args: argparse.Namespace) -> dict:
     return {
         "prompt": args.prompt,
@@ -156,37 +128,22 @@ def _request(args: argparse.Namespace) -> dict:
     }
 
 
+def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The config overrides the render options ask for (``--set``, ``--fps``, ``--lora``, ...)."""
+    return render_overrides(
+        getattr(args, "set", None),
+        fps=getattr(args, "fps", None),
+        transformer=getattr(args, "transformer", None),
+        lora=getattr(args, "lora", None),
+        quantize=getattr(args, "quantize", None),
+        sp_kind=getattr(args, "sp_kind", None),
+    )
+
+
 def load_pipeline(args: argparse.Namespace):
-    from vidgen.config import ConfigError
-    from vidgen.pipelines import LongVideoPipeline, ModelLoadError
+    from vidgen.pipelines import LongVideoPipeline
 
-    overrides = parse_overrides(args.set)
-    if getattr(args, "fps", None):
-        overrides["generation.fps"] = args.fps
-    if getattr(args, "transformer", None):
-        overrides["model.transformer"] = args.transformer
-    overrides.update(lora_overrides(args))
-    if getattr(args, "quantize", None):
-        overrides["runtime.quantize"] = args.quantize
-    if getattr(args, "sp_kind", None):
-        overrides["runtime.sp_kind"] = args.sp_kind
-    try:
-        return LongVideoPipeline.from_pretrained(args.model, config=args.config, **overrides)
-    except (ConfigError, ModelLoadError) as err:
-        raise UsageError(str(err)) from None
-
-
-def lora_overrides(args: argparse.Namespace) -> dict[str, list[str]]:
-    """``--lora`` as ``model.loras`` (replacing the config's list), paths made absolute for Ray workers."""
-    from vidgen.config import parse_lora_spec
-
-    specs = []
-    for spec in getattr(args, "lora", None) or []:
-        path, scale = parse_lora_spec(spec)
-        if not Path(path).expanduser().exists():
-            raise UsageError(f"--lora: no file at {path}")
-        specs.append(f"{Path(path).expanduser().resolve()}:{scale!r}")
-    return {"model.loras": specs} if specs else {}
+    return LongVideoPipeline.from_pretrained(args.model, config=args.config, **overrides_of(args))
 
 
 def _what_to_render(args: argparse.Namespace) -> None:
@@ -194,30 +151,19 @@ def _what_to_render(args: argparse.Namespace) -> None:
     given = [flag for flag in ("prompt", "storyboard", "jobs") if getattr(args, flag)]
     if args.text is not None:
         if given:
-            raise UsageError(f"give the prompt once: PROMPT or --{given[0]}, not both")
+            raise InputError(f"give the prompt once: PROMPT or --{given[0]}, not both")
         args.prompt = args.text
     elif not given:
-        raise UsageError("say what to render: a PROMPT, --prompt, --storyboard or --jobs")
+        raise InputError("say what to render: a PROMPT, --prompt, --storyboard or --jobs")
     if args.prompt is not None and not args.prompt.strip():
-        raise UsageError("the prompt is empty: say what the video shows")
+        raise InputError("the prompt is empty: say what the video shows")
 
 
 def read_start(args: argparse.Namespace):
-    """The frames of ``--image`` / ``--continue`` as (T, H, W, 3) uint8 (None without either); an
-    unreadable file is a :class:`UsageError`."""
-    from vidgen.video import read_image, read_video
+    """The frames of ``--image`` / ``--continue`` as (T, H, W, 3) uint8 (None without either)."""
+    from vidgen.video.reading import read_start as read_start_frames  # the module alone, no PyAV writers
 
-    image, clip = getattr(args, "image", None), getattr(args, "continue_from", None)
-    if not (image or clip):
-        return None
-    flag, path = ("--image", image) if image else ("--continue", clip)
-    try:
-        frames = read_image(image)[None] if image else read_video(clip)[0]
-    except (FileNotFoundError, ValueError) as err:
-        raise UsageError(f"{flag}: {str(err).splitlines()[0]}") from None
-    if not len(frames):
-        raise UsageError(f"{flag}: {path} holds no frames")
-    return frames
+    return read_start_frames(getattr(args, "image", None), getattr(args, "continue_from", None))
 
 
 def check_numbers(args: argparse.Namespace) -> None:
@@ -234,7 +180,7 @@ def check_numbers(args: argparse.Namespace) -> None:
     if getattr(args, "seed", None) is not None:
         check_seed("--seed", args.seed)
     if getattr(args, "upscale", 1) > 16:
-        raise UsageError(f"--upscale enlarges up to 16 times, got {args.upscale}")
+        raise InputError(f"--upscale enlarges up to 16 times, got {args.upscale}")
     if getattr(args, "prompt", None) is not None:
         check_text("the prompt", args.prompt)
 
@@ -265,21 +211,21 @@ def run(args: argparse.Namespace) -> int:
     _what_to_render(args)
     check_numbers(args)
     if args.jobs:
-        from vidgen.distributed.batch import render_jobs
+        from vidgen.cli.render_ray import render_jobs
 
         return render_jobs(args)
     if not args.out:
         args.out = default_out_name(args.prompt or Path(args.storyboard).stem)
     out = Path(args.out)
     if out.suffix.lower() != ".mp4":
-        raise UsageError(f"--out must end in .mp4, got {args.out}")
+        raise InputError(f"--out must end in .mp4, got {args.out}")
     if out.is_dir():
-        raise UsageError(f"--out {args.out} is a folder: name the MP4 file to write")
+        raise InputError(f"--out {args.out} is a folder: name the MP4 file to write")
     parts = out.with_name(out.name + ".parts")
     request = _request(args)
     start = read_start(args)
     if parts.exists() and not args.resume:
-        raise UsageError(
+        raise InputError(
             f"an interrupted render exists at {parts}: pass --resume to continue it, or delete it"
         )
     resuming = args.resume and (parts / "request.json").is_file()
@@ -289,43 +235,38 @@ def run(args: argparse.Namespace) -> int:
         seed = args.seed if args.seed is not None else random_seed()
 
     if args.parallel == "ray":
-        from vidgen.config import ConfigError
-        from vidgen.distributed.render import render_with_ray
-        from vidgen.pipelines.loading import ModelLoadError, resolve_model
+        from vidgen.cli.render_ray import render_one
+        from vidgen.config import parse_overrides
+        from vidgen.pipelines.loading import resolve_model
 
         try:  # the workers load the weights; the driver reads the config for the warnings
             _, config = resolve_model(args.model, load_config(args.config) if args.config else None)
             print_fit_warnings(config.replace(**parse_overrides(args.set)), args, request)
-        except (ConfigError, ModelLoadError):
+        except InputError:
             pass  # the workers report it, as one line
-        return render_with_ray(args, request, seed, parts, out)
+        return render_one(args, request, seed, out)
 
     # the arguments are checked: now the heavy imports (torch, diffusers)
-    from vidgen.config import ConfigError
-    from vidgen.pipelines import InputError
     from vidgen.video import SegmentedRecording, Upscale
 
     pipe = load_pipeline(args)
-    try:  # check the request before anything is written
-        pipe.plan(
-            args.prompt,
-            storyboard=request["storyboard"],
-            seconds=args.seconds,
-            height=args.height,
-            width=args.width,
-            num_inference_steps=args.steps,
-            guidance_scale=args.guidance,
-            seed=seed,
-        )
-    except (InputError, ConfigError) as err:
-        raise UsageError(str(err)) from None
+    pipe.plan(  # check the request before anything is written
+        args.prompt,
+        storyboard=request["storyboard"],
+        seconds=args.seconds,
+        height=args.height,
+        width=args.width,
+        num_inference_steps=args.steps,
+        guidance_scale=args.guidance,
+        seed=seed,
+    )
     print_fit_warnings(pipe.config, args, request)
     if not resuming:
         try:
             parts.mkdir(parents=True, exist_ok=True)
             (parts / "request.json").write_text(json.dumps({**request, "seed": seed}))
         except OSError as err:
-            raise UsageError(f"cannot write next to {out}: {err.strerror}") from None
+            raise InputError(f"cannot write next to {out}: {err.strerror}") from None
     recording = SegmentedRecording(
         parts, fps=pipe.config.generation.fps, upscale=Upscale(args.upscale, args.resample)
     )
@@ -342,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if not args.quiet:
         print(f"vidgen render: seed {seed}, {args.seconds:g} s at {fps} fps -> {out}", file=sys.stderr)
-    progress = _Progress(total_frames, fps, recording.num_frames(), quiet=args.quiet)
+    progress = Progress(total_frames, fps, recording.num_frames(), quiet=args.quiet)
     try:
         for chunk in pipe.stream(
             args.prompt,
@@ -379,22 +320,22 @@ def _resume_seed(args: argparse.Namespace, parts: Path, request: dict) -> int:
         seed = check_seed("the saved seed", saved.pop("seed"))
         saved["storyboard"] = [tuple(e) for e in saved["storyboard"]] if saved["storyboard"] else None
     except (InputError, KeyError, TypeError, AttributeError):
-        raise UsageError(f"--resume: {parts / 'request.json'} is damaged: {start_over}") from None
+        raise InputError(f"--resume: {parts / 'request.json'} is damaged: {start_over}") from None
     if args.seed is not None and args.seed != seed:
-        raise UsageError(
+        raise InputError(
             f"--resume: the interrupted render used --seed {seed}, not {args.seed}: resume without "
             f"--seed (or with --seed {seed}), or {start_over}"
         )
     if saved != request:
         differ = sorted(k for k in set(saved) | set(request) if saved.get(k) != request.get(k))
-        raise UsageError(
+        raise InputError(
             f"--resume: {', '.join(differ)} differ from the interrupted render's "
             f"({parts / 'request.json'}): resume with the same arguments, or {start_over}"
         )
     return seed
 
 
-class _Progress:
+class Progress:
     """Chunks, video seconds made, real-time factor and ETA."""
 
     def __init__(self, total_frames: int, fps: int, initial: int, quiet: bool) -> None:

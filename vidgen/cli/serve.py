@@ -61,6 +61,17 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vidgen.ui.app import main
+    from vidgen.ui.app import ServeSettings, run_server
 
-    return main(args)
+    settings = ServeSettings(
+        concurrency=args.concurrency,
+        queue_size=args.queue_size,
+        file_ttl=args.file_ttl,
+        segment_seconds=args.segment_seconds,
+        max_lead=args.max_lead,
+        upscale=args.upscale,
+        resample=args.resample,
+    )
+    return run_server(
+        settings, backend=args.backend, model=args.model, config=args.config, host=args.host, port=args.port
+    )

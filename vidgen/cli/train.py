@@ -18,7 +18,7 @@ import argparse
 import dataclasses
 import typing
 
-from vidgen.cli import UsageError
+from vidgen.validation import InputError
 
 
 def _add_dataclass_options(parser: argparse.ArgumentParser, cls) -> None:
@@ -115,7 +115,7 @@ def _run_transformer(args: argparse.Namespace) -> int:
     try:
         train_transformer(_config_from_args(TransformerTrainConfig, args))
     except FileNotFoundError as err:
-        raise UsageError(str(err)) from None
+        raise InputError(str(err)) from None
     return 0
 
 
@@ -126,13 +126,13 @@ def _run_distill(args: argparse.Namespace) -> int:
     try:
         config = _config_from_args(DistillTrainConfig, args)
     except ValueError as err:
-        raise UsageError(str(err)) from None
+        raise InputError(str(err)) from None
     if not config.teacher:
-        raise UsageError("--teacher is required: a pipeline folder or a transformer training run")
+        raise InputError("--teacher is required: a pipeline folder or a transformer training run")
     try:
         print(f"wrote {train_distill(config)}")
     except (FileNotFoundError, DistillSetupError) as err:
-        raise UsageError(str(err)) from None
+        raise InputError(str(err)) from None
     return 0
 
 
@@ -152,18 +152,18 @@ def _run_curve(args: argparse.Namespace) -> int:
     if args.run_dir:
         state_file = Path(args.run_dir) / "latest" / "state.json"
         if not state_file.is_file():
-            raise UsageError(f"no checkpoint in {args.run_dir} (missing {state_file})")
+            raise InputError(f"no checkpoint in {args.run_dir} (missing {state_file})")
         state = json.loads(state_file.read_text())
         step, hours = state["step"], state["wall_seconds"] / 3600
     elif args.step is not None and args.hours is not None:
         step, hours = args.step, args.hours
     else:
-        raise UsageError("say which checkpoint was evaluated: --run-dir RUN, or --step N --hours H")
+        raise InputError("say which checkpoint was evaluated: --run-dir RUN, or --step N --hours H")
     try:
         report = json.loads(Path(args.report).read_text())
         point = curve_point(report, step, hours, args.note)
     except (OSError, ValueError) as err:
-        raise UsageError(f"{args.report}: {err}") from None
+        raise InputError(f"{args.report}: {err}") from None
     points = add_point(args.curve, point)
     plot_curve(points, args.png)
     print(f"{len(points)} points in {args.curve}; drew {args.png}")

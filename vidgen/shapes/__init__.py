@@ -7,7 +7,7 @@
 - ``motion``: the motion rules (speed, direction, bounces).
 - ``evaluate``: ``evaluate_video`` judges a video against a prompt or storyboard; ``summarize``.
 
-Pure numpy, light to import; the spec is ``specs/shapes-world.md``.
+Pure numpy, light to import.
 """
 
 from vidgen.shapes.captions import (

@@ -1,8 +1,9 @@
 """Shapes World v1: the attribute tables, scenes, storyboards and the clip renderer.
 
-Everything here follows ``specs/shapes-world.md``. Positions and sizes are fractions of the
-canvas side ``S``; ``x`` grows to the right and ``y`` grows downward ("up" is toward row 0).
-Pure numpy, so it can run inside data loaders.
+These tables and rules define the world: the training data and the evaluator both read them, so
+they change together. Positions and sizes are fractions of the canvas side ``S``; ``x`` grows to
+the right and ``y`` grows downward ("up" is toward row 0). Pure numpy, so it can run inside data
+loaders.
 """
 
 from __future__ import annotations

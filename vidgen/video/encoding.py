@@ -107,13 +107,12 @@ def add_h264_stream(
     preset: str,
     keyint: int | None = None,
     bframes: bool = True,
-    zero_latency: bool = False,
 ) -> av.video.stream.VideoStream:
     """Adds a libx264 yuv420p stream of ``size`` (W, H) whose time base is 1/fps.
 
     ``keyint`` fixes the GOP: an IDR frame every ``keyint`` frames and none in between (no
     scene-cut keyframes). ``bframes=False`` makes dts == pts, so no muxer shifts timestamps to
-    avoid a negative dts. ``zero_latency`` makes each frame come out as a packet at once.
+    avoid a negative dts.
     """
     params = []
     if keyint is not None:
@@ -123,8 +122,6 @@ def add_h264_stream(
     options = {"crf": str(crf), "preset": preset}
     if params:
         options["x264-params"] = ":".join(params)
-    if zero_latency:
-        options["tune"] = "zerolatency"
     stream = container.add_stream("libx264", rate=fps, options=options)
     stream.width, stream.height = size
     stream.pix_fmt = "yuv420p"

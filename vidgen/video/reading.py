@@ -11,6 +11,7 @@ from pathlib import Path
 import av
 import numpy as np
 
+from vidgen.validation import InputError
 from vidgen.video.encoding import FrameRate, plain_fps
 
 VideoSource = str | os.PathLike | bytes | bytearray | memoryview
@@ -22,14 +23,15 @@ def _describe(source: VideoSource) -> str:
 
 def _open(source: VideoSource) -> av.container.InputContainer:
     name = _describe(source)
+    readable: io.BytesIO | str
     if isinstance(source, bytes | bytearray | memoryview):
-        source = io.BytesIO(bytes(source))
+        readable = io.BytesIO(bytes(source))
     elif not Path(source).is_file():
         raise FileNotFoundError(f"no such video file: {source}")
     else:
-        source = str(source)
+        readable = str(source)
     try:
-        container = av.open(source)
+        container = av.open(readable, "r")
     except av.FFmpegError as error:
         raise ValueError(f"not a video file: {name} ({error})") from error
     if not container.streams.video:
@@ -54,7 +56,7 @@ def read_video(path_or_bytes: VideoSource, *, max_frames: int | None = None) -> 
     with _open(path_or_bytes) as container:
         stream = container.streams.video[0]
         fps = _stream_fps(stream)
-        frames = []
+        frames: list[np.ndarray] = []
         try:
             for frame in container.decode(stream):
                 if max_frames is not None and len(frames) >= max_frames:
@@ -108,3 +110,22 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
             return np.array(image.convert("RGB"))
     except (UnidentifiedImageError, OSError) as error:
         raise ValueError(f"not an image file: {path} ({error})") from None
+
+
+def read_start(
+    image: str | os.PathLike | None = None, video: str | os.PathLike | None = None
+) -> np.ndarray | None:
+    """The frames a render starts from, (T, H, W, 3) uint8: an ``image`` (image-to-video) or the
+    frames of a ``video`` it continues; None without either. A file that cannot be read, or a video
+    without frames, is an :class:`~vidgen.validation.InputError` naming ``--image`` / ``--continue``."""
+    path = image or video
+    if not path:
+        return None
+    flag = "--image" if image else "--continue"
+    try:
+        frames = read_image(path)[None] if image else read_video(path)[0]
+    except (FileNotFoundError, ValueError) as err:
+        raise InputError(f"{flag}: {str(err).splitlines()[0]}") from None
+    if not len(frames):
+        raise InputError(f"{flag}: {path} holds no frames")
+    return frames

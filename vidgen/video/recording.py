@@ -3,7 +3,6 @@ generated chunk, a manifest of the finished ones, and a lossless join at the end
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import shutil
@@ -25,29 +24,6 @@ from vidgen.video.encoding import (
     write_clip,
 )
 from vidgen.video.reading import probe_video
-
-
-class ConcatBackend(str, enum.Enum):
-    """How :meth:`SegmentedRecording.finalize` joins the segments (both copy, never re-encode)."""
-
-    AUTO = "auto"
-    """ffmpeg if :func:`ffmpeg_executable` finds one, else PyAV."""
-    FFMPEG = "ffmpeg"
-    """The ffmpeg binary's concat demuxer with stream copy, driven through ffmpeg-python."""
-    PYAV = "pyav"
-    """Remuxing the packets in-process with PyAV, each segment shifted by the frames before it."""
-
-
-def ffmpeg_executable() -> str | None:
-    """Path of an ffmpeg binary: imageio-ffmpeg's bundled one (``IMAGEIO_FFMPEG_EXE`` overrides
-    it), else ``ffmpeg`` on ``PATH``, else ``None``. Only the concatenation in
-    :meth:`SegmentedRecording.finalize` runs it; everything else is done by PyAV in-process."""
-    try:
-        import imageio_ffmpeg
-
-        return imageio_ffmpeg.get_ffmpeg_exe()
-    except (ImportError, RuntimeError):
-        return shutil.which("ffmpeg")
 
 
 class SegmentedRecording:
@@ -110,13 +86,13 @@ class SegmentedRecording:
                 f"{path} is not valid JSON ({error}); delete the folder to start over"
             ) from error
         manifest.setdefault("upscale", "1:nearest")  # recorded before upscaling existed
-        settings = (
+        expected = (
             ("fps", str(self.fps)),
             ("crf", self._crf),
             ("preset", self._preset),
             ("upscale", self._upscale_setting()),
         )
-        for key, ours in settings:
+        for key, ours in expected:
             if manifest.get(key) != ours:
                 raise ValueError(
                     f"{self.folder} was recorded with {key}={manifest.get(key)!r} but this run uses {ours!r}: resume "
@@ -208,30 +184,20 @@ class SegmentedRecording:
         out_path: str | os.PathLike,
         *,
         delete_folder: bool = False,
-        backend: ConcatBackend | str = ConcatBackend.AUTO,
     ) -> Path:
         """Joins all segments into one MP4 at ``out_path`` without re-encoding, atomically.
 
         The result is checked to hold exactly :meth:`num_frames` frames. ``delete_folder`` removes
         the recording afterwards.
         """
-        backend = ConcatBackend(backend)
         out_path = check_output_path(out_path)
         segments = self.segment_paths()
         if not segments:
             raise ValueError(f"{self.folder}: no chunks are recorded, there is nothing to finalize")
         _check_same_parameter_sets(segments)
-        executable = None if backend is ConcatBackend.PYAV else ffmpeg_executable()
-        if backend is ConcatBackend.FFMPEG and executable is None:
-            raise RuntimeError(
-                "backend='ffmpeg' but no ffmpeg binary was found: install imageio-ffmpeg or ffmpeg"
-            )
         temp = temp_sibling(out_path)
         try:
-            if executable is not None:
-                self._concat_with_ffmpeg(executable, segments, temp)
-            else:
-                self._concat_with_pyav(segments, temp)
+            self._concat(segments, temp)
             joined = probe_video(temp)["frames"]
             if joined != self.num_frames():
                 raise RuntimeError(
@@ -244,27 +210,8 @@ class SegmentedRecording:
             shutil.rmtree(self.folder)
         return out_path
 
-    def _concat_with_ffmpeg(self, executable: str, segments: list[Path], temp: Path) -> None:
-        import ffmpeg  # ffmpeg-python, needed only here
-
-        listing = temp_sibling(self.folder / "concat.txt")
-        try:
-            # Bare names, resolved next to the listing; ours never need quoting.
-            listing.write_text("".join(f"file '{path.name}'\n" for path in segments))
-            job = ffmpeg.input(str(listing), f="concat", safe=0)
-            job = job.output(str(temp), c="copy", f="mp4", movflags="+faststart")
-            job = job.global_args("-nostdin", "-loglevel", "error")
-            try:
-                job.run(cmd=executable, capture_stdout=True, capture_stderr=True, overwrite_output=True)
-            except ffmpeg.Error as error:
-                message = error.stderr.decode(errors="replace").strip()[-2000:]
-                raise RuntimeError(
-                    f"ffmpeg could not join the segments of {self.folder}:\n{message}"
-                ) from error
-        finally:
-            listing.unlink(missing_ok=True)
-
-    def _concat_with_pyav(self, segments: list[Path], temp: Path) -> None:
+    def _concat(self, segments: list[Path], temp: Path) -> None:
+        """Remux the segments' packets in-process with PyAV, each shifted by the frames before it."""
         with av.open(str(temp), "w", format="mp4", options={"movflags": "+faststart"}) as output:
             out_stream = None
             for path, chunk in zip(segments, self._manifest["chunks"], strict=True):
@@ -278,7 +225,7 @@ class SegmentedRecording:
                             f"{path.name}: frame times are not whole ticks of {stream.time_base}"
                         )
                     for packet in source.demux(stream):
-                        if packet.dts is None:  # the demuxer's end-of-stream marker
+                        if packet.dts is None or packet.pts is None:  # the demuxer's end-of-stream marker
                             continue
                         packet.pts += int(shift)
                         packet.dts += int(shift)

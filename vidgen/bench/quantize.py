@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
+from vidgen.bench.pipeline_preset import WAN_1_3B
 from vidgen.models import CausalWanTransformer
 from vidgen.models.quantization import QuantizationUnavailable, method, quantize_linears, weight_bytes
-from vidgen.pipelines.benchmark_preset import WAN_1_3B
 
 VARIANTS = ("float32", "bfloat16", "int8", "fp8")
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from vidgen.attention import benchmark
+from vidgen.bench import attention as benchmark
 from vidgen.cli import bench
 
 
@@ -69,7 +69,7 @@ def test_unusable_backend_is_refused(tmp_path, capsys):
 
 
 def test_radial_key_layout_is_the_kv_cache_order():
-    from vidgen.attention.benchmark_chunk import cache_layout
+    from vidgen.bench.attention_chunk import cache_layout
     from vidgen.models import KVCache
 
     cache = KVCache(num_layers=1, batch_size=1, num_heads=1, head_dim=2, frame_tokens=1, sink_frames=3,

@@ -20,10 +20,10 @@ import time
 
 import torch
 
+from vidgen.bench.pipeline import PROMPT, apply_runtime_options, figure, machine_info, memory_mib
+from vidgen.bench.skyreels import PromptEmbeddings
 from vidgen.config import load_config
 from vidgen.models import CausalWanTransformer
-from vidgen.pipelines.benchmark import PROMPT, apply_runtime_options, figure, machine_info, memory_mib
-from vidgen.pipelines.benchmark_skyreels import PromptEmbeddings
 from vidgen.pipelines.pipeline import InputError, LongVideoPipeline, autocast_dtype
 from vidgen.pipelines.vae_stream import frames_of_latents
 

@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from tests.tiny import save_tiny_pipeline
+from vidgen.bench import pipeline as benchmark
+from vidgen.bench import pipeline_preset as benchmark_preset
+from vidgen.bench import skyreels as benchmark_skyreels
 from vidgen.cli import bench
-from vidgen.pipelines import benchmark, benchmark_preset, benchmark_skyreels
 
 PRESET = "wan2.1-t2v-1.3b-causal"
 

@@ -1,7 +1,8 @@
 """Ray Serve request router that sends every request of a session to the replica holding its KV cache.
 
 Loaded by Ray Serve only (``RequestRouterConfig(request_router_class=...)``), which is why it may
-import Ray at the top; nothing in vidgen imports it.
+import Ray at the top; nothing in vidgen imports it. The choice itself is in
+:mod:`vidgen.serving.affinity`, which needs no Ray.
 
 A session id is ``"<replica id>.<random hex>"``: the replica that opened the session names itself in
 the id, so routing needs no shared table and every handle (the UI's, a proxy's, another
@@ -15,21 +16,9 @@ handle -- which restores it from its persisted state if there is one.
 
 from __future__ import annotations
 
-import hashlib
-
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-
-def owner_of(session_id: str) -> str:
-    """The replica id a session id names (empty for a malformed id)."""
-    owner, sep, _ = session_id.partition(".")
-    return owner if sep else ""
-
-
-def fallback_replica(session_id: str, replica_ids: list[str]) -> str:
-    """Rendezvous hashing: the replica with the highest hash of (session, replica) -- stable while
-    that replica lives, whatever else joins or leaves."""
-    return max(replica_ids, key=lambda rid: hashlib.sha256(f"{session_id}/{rid}".encode()).digest())
+from vidgen.serving.affinity import fallback_replica, owner_of
 
 
 class SessionAffinityRouter(RequestRouter):

@@ -10,14 +10,14 @@ The default run measures, in one process, on whatever machine it runs on:
    chunk's frames (target <= 1 s); real-time factor, video seconds made per wall second over the
    whole long video, VAE decode included (target >= 2);
 3. **vs SkyReels-V2**: the same long video made by diffusers' ``SkyReelsV2DiffusionForcingPipeline``
-   on identical random Wan weights (see :mod:`vidgen.pipelines.benchmark_skyreels`).
+   on identical random Wan weights (see :mod:`vidgen.bench.skyreels`).
 
 The model is ``--model``, else the embedded default model, else -- while that is not trained yet --
 a random model of the same architecture (the one ``vidgen train`` builds), saved and loaded back so
 that loading is timed the same way; the output says which.
 
 ``--preset wan2.1-t2v-1.3b-causal --random-weights`` measures instead the throughput of a
-Wan-1.3B-sized model on a CUDA GPU (see :mod:`vidgen.pipelines.benchmark_preset`).
+Wan-1.3B-sized model on a CUDA GPU (see :mod:`vidgen.bench.pipeline_preset`).
 
 Every figure goes into one table (value, target, verdict), ``pipeline.json`` and ``pipeline.png``
 (per-chunk time and memory over the video) under ``--out-dir``; the preset run writes
@@ -38,9 +38,9 @@ from pathlib import Path
 
 import torch
 
+from vidgen.bench.skyreels import SPEEDUP_TARGET
 from vidgen.config import ConfigError, load_config
 from vidgen.models import CausalWanTransformer
-from vidgen.pipelines.benchmark_skyreels import SPEEDUP_TARGET
 from vidgen.pipelines.loading import ModelLoadError, default_model_dir, save_components
 from vidgen.pipelines.pipeline import InputError, LongVideoPipeline, autocast_dtype
 
@@ -280,7 +280,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     }  # fmt: skip
     del pipe
     if args.compare_frames:
-        from vidgen.pipelines import benchmark_skyreels
+        from vidgen.bench import skyreels as benchmark_skyreels
 
         print(
             f"SkyReels-V2 comparison ({args.compare_frames}+ frames at {args.compare_size}px) ...", flush=True
@@ -419,7 +419,7 @@ def save_plot(result: dict, path: Path) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the benchmark, print the table, save JSON and PNG under ``args.out_dir``."""
-    from vidgen.pipelines import benchmark_preset  # it builds on this module
+    from vidgen.bench import pipeline_preset as benchmark_preset  # it builds on this module
 
     if args.preset and not args.random_weights and not args.model:
         print("vidgen bench pipeline: error: --preset needs --random-weights or --model FOLDER")

@@ -1,6 +1,6 @@
 """Side by side with diffusers' ``SkyReelsV2DiffusionForcingPipeline`` on identical random weights.
 
-Part 3 of ``vidgen bench pipeline`` (see :mod:`vidgen.pipelines.benchmark`). SkyReels-V2's
+Part 3 of ``vidgen bench pipeline`` (see :mod:`vidgen.bench.pipeline`). SkyReels-V2's
 transformer is Wan 2.1's: ``SkyReelsV2Transformer3DModel`` and our ``CausalWanTransformer`` have
 the same parameter names and shapes (every key of one state dict loads into the other, strictly),
 and with full attention and the same timesteps they compute the same tensor -- the run checks it

@@ -11,8 +11,8 @@ import pytest
 
 from tests.distributed.ray_network import listeners_off_loopback
 from tests.tiny import FP32, assert_frames_match, tiny_components
-from vidgen.distributed.session_router import fallback_replica, owner_of
 from vidgen.pipelines.session import GenerationRequest, SessionNotFound
+from vidgen.serving.affinity import fallback_replica, owner_of
 
 RED = "a red circle moving left on a black background"
 BLUE = "a blue square moving up on a white background"
@@ -23,7 +23,7 @@ IDLE_S = 3.0
 def sessions(ray_cluster, tiny_model_dir, tmp_path_factory):
     from ray import serve
 
-    from vidgen.distributed.serve import RaySessions
+    from vidgen.serving import RaySessions
 
     backend = RaySessions.from_pretrained(
         str(tiny_model_dir),

@@ -243,7 +243,7 @@ def save_plot(result: dict, path: Path) -> None:
 
 
 def _main_radial(args: argparse.Namespace) -> int:
-    from vidgen.attention.benchmark_chunk import format_chunk_table, run_chunk_benchmark
+    from vidgen.bench.attention_chunk import format_chunk_table, run_chunk_benchmark
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     try:

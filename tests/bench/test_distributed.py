@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from vidgen.bench.distributed import WAN_1_3B, chunk_flops, projection, volume_per_rank
 from vidgen.cli import main
-from vidgen.distributed.benchmark import WAN_1_3B, chunk_flops, projection, volume_per_rank
 
 
 def test_projection_counts_four_all_to_alls_per_layer_for_ulysses():

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from tests.tiny import FP32, assert_frames_match, tiny_components
-from vidgen.distributed.session_store import SessionStore
 from vidgen.pipelines.session import GenerationRequest, SessionNotFound
+from vidgen.serving.session_store import SessionStore
 
 RED = "a red circle moving left on a black background"
 BLUE = "a blue square moving up on a white background"

@@ -1,6 +1,6 @@
 """The sessions one serving replica holds: live KV caches, idle eviction, persistence and restore.
 
-No Ray here: :class:`SessionStore` is what a Ray Serve replica (``vidgen.distributed.serve``) wraps,
+No Ray here: :class:`SessionStore` is what a Ray Serve replica (``vidgen.serving.deployment``) wraps,
 and it runs the same in a plain process. A session is one video for one client. Its stream runs
 without end on the replica's pipeline; the session hands out frames up to its current length
 (``seconds``) and keeps the rest of a cut chunk, so a session that is extended by more seconds

@@ -7,11 +7,11 @@ Who calls whom::
                                                                 (session -> replica)    SessionStore each)
 
 * :class:`SessionReplica` is a Serve deployment: each replica loads the pipeline once and holds
-  sessions in a :class:`~vidgen.distributed.session_store.SessionStore` (one KV cache per session).
+  sessions in a :class:`~vidgen.serving.session_store.SessionStore` (one KV cache per session).
   Its chunks are made on one compute thread, so the sessions of a replica take turns chunk by
   chunk while control calls (a new prompt, stop) are answered at once.
 * Routing: the replica that opens a session puts its own replica id in the session id, and
-  :class:`~vidgen.distributed.session_router.SessionAffinityRouter` (the deployment's Serve request
+  :class:`~vidgen.serving.router.SessionAffinityRouter` (the deployment's Serve request
   router) sends every later request of that session -- more chunks, more seconds, a new prompt,
   stop -- to that replica, whichever process holds the handle. New sessions go to the least busy
   replica.
@@ -38,7 +38,7 @@ from typing import Any
 from vidgen.distributed.ray_worker import PipelineSpec
 from vidgen.pipelines.session import GenerationRequest, SessionNotFound
 
-ROUTER = "vidgen.distributed.session_router:SessionAffinityRouter"
+ROUTER = "vidgen.serving.router:SessionAffinityRouter"
 APP_NAME = "vidgen-sessions"
 
 
@@ -95,7 +95,7 @@ class SessionReplica:
         import torch
         from ray import serve
 
-        from vidgen.distributed.session_store import SessionStore
+        from vidgen.serving.session_store import SessionStore
 
         if loopback:
             _bind_replica_grpc_to_loopback()

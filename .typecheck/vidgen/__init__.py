@@ -1,0 +1,1 @@
+../../vidgen/__init__.py

@@ -1,0 +1,1 @@
+../../vidgen/__main__.py

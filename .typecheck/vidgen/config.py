@@ -1,0 +1,1 @@
+../../vidgen/config.py
