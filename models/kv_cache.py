@@ -101,8 +101,11 @@ class KVCache(nn.Module):
     def _valid_slots(self) -> list[int]:
         return [s for s, f in enumerate(self.slot_frames) if f >= 0]
 
-    def reset(self) -> None:
-        self.slot_frames = [-1] * self.capacity_frames
+    def reset(self, keep_sinks: bool = False) -> None:
+        """Forget the held frames (``keep_sinks``: all but the sinks)."""
+        self.slot_frames = [
+            f if keep_sinks and s < self.sink_frames else -1 for s, f in enumerate(self.slot_frames)
+        ]
         self.version += 1
 
     # ---------------------------------------------------------------- reading

@@ -510,7 +510,8 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         run = VideoRun(self, config, planner, latent_h, latent_w, guidance, seed, steps, decode=decode)
         resumed_from = -1
         if resume and state_path is not None and Path(state_path).is_file():
-            resumed_from = run.load(state_path)
+            with attention_backend(backend):
+                resumed_from = run.load(state_path, negative)
         elif prefix is not None:
             with attention_backend(backend):
                 decoded = run.prefill(prefix, negative)

@@ -14,6 +14,7 @@ video is streamed, collected or resumed.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from vidgen.config import GenerationConfig, VidgenConfig
 from vidgen.models import KVCache
@@ -31,6 +34,9 @@ from vidgen.pipelines.plan import ChunkPlanner, DriftAction, GenerationMode, Pla
 from vidgen.pipelines.scheduler import FlowSchedule
 from vidgen.pipelines.vae_stream import spatial_factor, streaming_decoder, video_to_uint8
 from vidgen.validation import InputError
+
+STATE_FORMAT = "vidgen-run-state-1"
+"""The format of a saved generation state (:meth:`VideoRun.save`)."""
 
 
 @dataclass
@@ -149,6 +155,7 @@ class VideoRun:
             attention=g.attention,
         )
         self.history: dict[int, torch.Tensor] = {}  # latent frame -> (1, C, 1, h, w), the cached frames
+        self._sinks_written: tuple | None = None  # the conditioning the sink slots hold keys for
         self.decoder = streaming_decoder(pipe.vae) if decode else None  # None: decoded elsewhere
         if self.decoder is not None:
             self.decoder.reset()
@@ -164,46 +171,52 @@ class VideoRun:
         self._next_ahead: PlannedChunk | None = None
 
     # -------------------------------------------------------------- cache
-    def _remember(self, latents: torch.Tensor, first_frame: int) -> None:
+    def _hold(self, latents: torch.Tensor, first_frame: int) -> None:
+        """Add a chunk's clean latents to the history and drop the frames the cache no longer
+        holds: a frame keeps its sink or window slot until a later frame takes it."""
         for i in range(latents.shape[2]):
             self.history[first_frame + i] = latents[:, :, i : i + 1]
-        held = set(self.cache.cached_frames)
+        newest = {self.cache.slot_of(frame): frame for frame in sorted(self.history)}
+        held = {frame for slot, frame in newest.items() if slot is not None}
         for frame in [f for f in self.history if f not in held]:
             del self.history[frame]
 
-    def write(
-        self, latents: torch.Tensor, first_frame: int, conditioning: Conditioning, purpose: int
-    ) -> None:
-        generator = _chunk_generator(self.seed, first_frame, purpose, latents.device)
-        self.denoiser.write_context(latents, conditioning, self.cache, first_frame, generator)
-        self._remember(latents, first_frame)
-
     @torch.no_grad()
-    def recache(self, conditioning: Conditioning, purpose: int) -> None:
-        """Rebuild the cache from the clean latents it holds, under ``conditioning``."""
-        frames = sorted(self.history)
-        self.cache.reset()
-        chunk = self.config.generation.chunk_frames
+    def rebuild_cache(self, chunk: PlannedChunk, conditioning: Conditioning, purpose: int) -> None:
+        """The one cache pass: the cache emptied, then the clean latents of the frames it holds
+        written in frame order under ``conditioning`` (``chunk``'s), in contiguous runs of at most
+        one chunk.
+
+        Every write of context goes through here (after each chunk, for a clip, for a drift
+        re-cache), so the cache is a function of the held latents and the conditioning alone -- never
+        of frames that have left the window -- and a resumed video rebuilds exactly the cache the
+        uninterrupted one had from the few latents its state holds. The sinks see nothing before
+        them, so when they and the conditioning are those of the last pass, their keys and values
+        would come out the same and are kept."""
+        size = self.config.generation.chunk_frames
         groups: list[list[int]] = []
-        for frame in frames:  # contiguous runs, at most one chunk long
-            if groups and frame == groups[-1][-1] + 1 and len(groups[-1]) < chunk:
+        for frame in sorted(self.history):
+            if groups and frame == groups[-1][-1] + 1 and len(groups[-1]) < size:
                 groups[-1].append(frame)
             else:
                 groups.append([frame])
-        history = dict(self.history)
-        for group in groups:
-            latents = torch.cat([history[f] for f in group], dim=2)
-            self.write(latents, group[0], conditioning, purpose)
+        sinks = list(range(self.cache.sink_frames))
+        key = (chunk.prompt, chunk.previous_prompt, round(chunk.prompt_weight, 4), purpose)
+        keep = bool(sinks) and groups[:1] == [sinks] and self._sinks_written == key
+        self.cache.reset(keep_sinks=keep)
+        self._sinks_written = key if groups[:1] == [sinks] else None
+        for group in groups[1:] if keep else groups:
+            latents = torch.cat([self.history[f] for f in group], dim=2)
+            generator = _chunk_generator(self.seed, group[0], purpose, latents.device)
+            self.denoiser.write_context(latents, conditioning, self.cache, group[0], generator)
 
     @torch.no_grad()
     def prefill(self, prefix: torch.Tensor, negative: str) -> np.ndarray | None:
         """Write the clip's latents into the cache; returns its frames after the autoencoder round
         trip (None without a decoder here)."""
         first = next(iter(self.planner.chunks(None)))
-        conditioning = self.pipe._conditioning(first, self.guidance, negative)
-        chunk = self.config.generation.chunk_frames
-        for start in range(0, prefix.shape[2], chunk):
-            self.write(prefix[:, :, start : start + chunk], start, conditioning, purpose=3)
+        self._hold(prefix, 0)
+        self.rebuild_cache(first, self.pipe._conditioning(first, self.guidance, negative), purpose=3)
         # warm the streaming decoder so the continuation decodes seamlessly
         if self.decoder is None:
             return None
@@ -219,7 +232,7 @@ class VideoRun:
         if DriftAction.REANCHOR in chunk.actions and self.anchor is not None:
             self.anchor.reset()
         if DriftAction.RECACHE_PROMPT in chunk.actions or DriftAction.RECACHE_PERIODIC in chunk.actions:
-            self.recache(conditioning, purpose=2)
+            self.rebuild_cache(chunk, conditioning, purpose=2)
 
         latents = self._denoise(chunk, conditioning, callback)
         t1 = time.perf_counter()
@@ -228,7 +241,8 @@ class VideoRun:
             latents, corrected = self.anchor.apply(latents)
             if corrected:
                 actions.append("anchor_correction")
-        self.write(latents, chunk.latent_start, conditioning, purpose=1)
+        self._hold(latents, chunk.latent_start)
+        self.rebuild_cache(chunk, conditioning, purpose=1)  # the chunk joins the context
         measures = self.monitor.measure(latents, self.anchor, corrected) if self.monitor is not None else None
 
         t2 = time.perf_counter()
@@ -344,45 +358,84 @@ class VideoRun:
         return finished.latents
 
     # -------------------------------------------------------------- resume
+    def _settings(self) -> dict:
+        """What a saved state must agree with to be taken up by this run."""
+        g = self.config.generation
+        return {
+            "latents": [self.pipe.transformer.config.in_channels, *self.latent_hw],
+            "sink_frames": g.sink_frames,
+            "window_frames": g.window_frames,
+            "chunk_frames": g.chunk_frames,
+            "guided": self.guidance != 1.0,
+            "mode": self.planner.mode.value,
+            "ar_step": g.ar_step,
+        }
+
     def save(self, path: str | os.PathLike, chunk_index: int) -> None:
-        extra = {
+        """Save what determines the rest of the video after chunk ``chunk_index``: the clean latents
+        of the frames the cache holds (not the cache: :meth:`load` rebuilds it), the chunks in
+        flight, the position in the plan, and the anchor, monitor and decoder state. Written to a
+        temporary file and renamed, so ``path`` always holds a whole state."""
+        state = {
             "chunk_index": torch.tensor([chunk_index]),
             "seed": torch.tensor([self.seed]),
             "iteration": torch.tensor([self.iteration]),
         }
         for frame, latents in self.history.items():
-            extra[f"history.{frame}"] = latents.cpu()
+            state[f"history.{frame}"] = latents
         for key, value in (self.decoder.state() if self.decoder is not None else {}).items():
-            extra[f"decoder.{key}"] = value.cpu()
+            state[f"decoder.{key}"] = value
         if self.anchor is not None:
-            extra.update({f"anchor.{k}": v.cpu() for k, v in self.anchor.state().items()})
+            state.update({f"anchor.{k}": v for k, v in self.anchor.state().items()})
+        if self.monitor is not None:
+            state.update({f"monitor.{k}": v for k, v in self.monitor.state().items()})
         for order, f in enumerate(self.in_flight):
-            extra[f"in_flight.{order}.{f.chunk.index}"] = f.latents.cpu()
+            state[f"in_flight.{order}.{f.chunk.index}"] = f.latents
+        # "extra." as in the files of earlier versions, which held the KV cache beside these
+        tensors = {f"extra.{k}": v.detach().cpu().contiguous() for k, v in state.items()}
+        metadata = {"format": STATE_FORMAT, "settings": json.dumps(self._settings())}
         tmp = Path(str(path) + ".tmp")
-        self.cache.save(tmp, extra=extra)
+        save_file(tensors, os.fspath(tmp), metadata=metadata)
         os.replace(tmp, path)
 
-    def load(self, path: str | os.PathLike) -> int:
-        """Take up the state saved at ``path``; returns the index of the last chunk it holds."""
-        cache, extra = KVCache.load(path, device=self.pipe.device)
-        if tuple(cache.k.shape) != tuple(self.cache.k.shape):
-            raise InputError(f"{path} was saved with different settings (cache {tuple(cache.k.shape)})")
+    @torch.no_grad()
+    def load(self, path: str | os.PathLike, negative: str) -> int:
+        """Take up the state saved at ``path`` and rebuild the KV cache from its latents, as the
+        chunk it was saved after left it; returns that chunk's index."""
+        with safe_open(os.fspath(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        if meta.get("format") != STATE_FORMAT:
+            raise InputError(
+                f"{path} is not a generation state this vidgen can resume (format {meta.get('format')!r}); "
+                "delete it to start the video over"
+            )
+        saved, settings = json.loads(meta["settings"]), self._settings()
+        if saved != settings:
+            changed = ", ".join(
+                f"{k} {saved.get(k)!r} (now {v!r})" for k, v in settings.items() if saved.get(k) != v
+            )
+            raise InputError(f"{path} was saved with different settings ({changed})")
+        device = self.pipe.device
+        extra = {
+            k.removeprefix("extra."): v for k, v in load_file(os.fspath(path), device=str(device)).items()
+        }
         if int(extra["seed"][0]) != self.seed:
             raise InputError(f"{path} was saved with seed {int(extra['seed'][0])}, this run uses {self.seed}")
-        self.cache = cache
-        device = self.pipe.device
-        self.history = {
-            int(k.split(".")[1]): v.to(device) for k, v in extra.items() if k.startswith("history.")
-        }
+
+        def part(prefix: str) -> dict[str, torch.Tensor]:
+            return {k[len(prefix) :]: v for k, v in extra.items() if k.startswith(prefix)}
+
+        self.history = {int(frame): latents for frame, latents in part("history.").items()}
         if self.decoder is not None:
-            self.decoder.load_state(
-                {k[len("decoder.") :]: v.to(device) for k, v in extra.items() if k.startswith("decoder.")}
-            )
+            self.decoder.load_state(part("decoder."))
         if self.anchor is not None:
-            self.anchor.load_state(
-                {k[len("anchor.") :]: v.to(device) for k, v in extra.items() if k.startswith("anchor.")}
-            )
+            self.anchor.load_state(part("anchor."))
+        if self.monitor is not None:
+            self.monitor.load_state(part("monitor."))
         chunk_index = int(extra["chunk_index"][0])
+        done = next(c for c in self.planner.chunks(None) if c.index == chunk_index)
+        self._sinks_written = None
+        self.rebuild_cache(done, self.pipe._conditioning(done, self.guidance, negative), purpose=1)
         self._resume_in_flight(extra, chunk_index)
         return chunk_index
 
@@ -395,7 +448,7 @@ class VideoRun:
             for key, value in extra.items()
             if key.startswith("in_flight.")
         )
-        latents = {index: value.to(self.pipe.device) for _, index, value in saved}
+        latents = {index: value for _, index, value in saved}
         self.in_flight = []
         self._ahead, self._next_ahead = None, None
         if self.planner.mode != GenerationMode.DIFFUSION_FORCING:

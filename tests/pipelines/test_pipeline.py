@@ -331,3 +331,52 @@ def test_checking_an_hour_long_request_lays_out_no_chunk(pipe, monkeypatch):
         pipe.check_inputs(storyboard=BOARD[::-1], seconds=3600)
     with pytest.raises(AssertionError, match="laid out"):
         pipe.plan(PROMPT, seconds=3600)  # the materialised plan does lay them out
+
+
+def test_the_cache_rebuilt_on_resume_is_the_cache_of_the_run(tmp_path):
+    """Resume rebuilds the cache from the saved latents; it must be, bit for bit, the one the
+    uninterrupted run holds (its context is always written by that same cache pass)."""
+    from vidgen.pipelines.run import VideoRun
+
+    pipe = tiny_components(**FP32, **{"generation.guidance_scale": 2.0})
+    g = pipe.config.generation
+    changes, _ = pipe._check_request(None, BOARD, None, 3, g.fps)
+
+    def new_run():
+        planner = pipe._planner(pipe.config, changes, g.num_inference_steps)
+        return VideoRun(pipe, pipe.config, planner, 16, 16, 2.0, seed=5, steps=g.num_inference_steps)
+
+    run = new_run()
+    for chunk in run.planner.chunks(16 * 2):  # 2 s: past the window (frames leave it from chunk 3)
+        run.make_chunk(chunk, "", None)
+    assert sorted(run.cache.cached_frames) == [0, 1, 6, 7, 8, 9]
+    run.save(tmp_path / "state.safetensors", chunk.index)
+    resumed = new_run()
+    assert resumed.load(tmp_path / "state.safetensors", "") == chunk.index
+    assert resumed.cache.slot_frames == run.cache.slot_frames
+    assert torch.equal(resumed.cache.k, run.cache.k) and torch.equal(resumed.cache.v, run.cache.v)
+    # the history is what determines it: a changed latent changes the rebuilt cache
+    resumed.history[max(resumed.history)] += 0.1
+    resumed.rebuild_cache(chunk, pipe._conditioning(chunk, 2.0, ""), purpose=1)
+    assert not torch.equal(resumed.cache.k, run.cache.k)
+
+
+def test_a_state_saved_by_an_older_version_is_refused(pipe, tmp_path):
+    from vidgen.models import KVCache
+
+    state = tmp_path / "state.safetensors"
+    cache = KVCache(
+        num_layers=2, batch_size=1, num_heads=2, head_dim=16, frame_tokens=64, sink_frames=2, window_frames=4
+    )
+    cache.save(state, extra={"chunk_index": torch.tensor([1]), "seed": torch.tensor([0])})
+    with pytest.raises(InputError, match="not a generation state this vidgen can resume"):
+        next(pipe.stream(PROMPT, seconds=2, generator=0, state_path=state, resume=True))
+    other = tmp_path / "other.safetensors"
+    list(pipe.stream(PROMPT, seconds=1, generator=0, state_path=other))
+    with pytest.raises(InputError, match=r"saved with different settings \(window_frames 4 \(now 2\)\)"):
+        next(
+            pipe.stream(
+                PROMPT, seconds=2, generator=0, state_path=other, resume=True,
+                overrides={"generation.window_frames": 2},
+            )
+        )  # fmt: skip
