@@ -5,8 +5,10 @@
 
 1. the planner says what the chunk is (frames, prompt, context, drift actions);
 2. due drift actions run (KV re-cache under a new prompt, periodic re-cache);
-3. the denoiser makes the chunk's latents from seeded noise against the KV cache;
-4. statistics anchoring pulls drifted latents back; the chunk is written to the cache as context;
+3. the denoiser makes the chunk's latents from seeded noise against the KV cache, at the noise
+   levels the plan gives (the executor, :mod:`vidgen.pipelines.run`, runs the plan as it is);
+4. statistics anchoring pulls drifted latents back; the cache is rebuilt from the clean latents of
+   the frames it holds, the chunk's among them, so the latents alone determine it;
 5. the streaming decoder turns the latents into frames; the drift monitor measures the chunk.
 
 Every chunk's noise comes from ``(seed, chunk index)``, so a chunk is the same whether the video is
@@ -462,8 +464,9 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         times count the generated frames. ``include_input=True``: the first chunk opens with the
         given frames (the newest ``1 + 4k`` after the autoencoder round trip, any older ones as
         given) and every ``frame_start`` counts them, so the chunks make the whole video.
-        ``state_path``: after every chunk the generation state is saved there; with ``resume=True`` a
-        saved state is loaded first and generation continues after its last complete chunk.
+        ``state_path``: after every chunk the generation state is saved there (latents, not the KV
+        cache, which is rebuilt from them); with ``resume=True`` a saved state is loaded first and
+        generation continues after its last complete chunk, with the frames of an uninterrupted run.
         ``overrides``: ``"table.key": value`` config changes for this video only (window, sinks,
         drift options, attention backend, ...). ``decode=False``: chunks carry their latents and no
         frames, for a decoder elsewhere (:func:`decode_to_frames`, fed the chunks in order); the
