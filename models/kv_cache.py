@@ -84,6 +84,11 @@ class KVCache(nn.Module):
             return None
         return self.sink_frames + (frame - self.sink_frames) % self.window_frames
 
+    def frames_kept(self, frames) -> set[int]:
+        """Which of ``frames`` the cache holds once all are written: the newest of each slot."""
+        newest = {self.slot_of(frame): frame for frame in sorted(frames)}
+        return {frame for slot, frame in newest.items() if slot is not None}
+
     @property
     def cached_frames(self) -> list[int]:
         """Absolute frame indices held, in slot order."""

@@ -36,6 +36,17 @@ class Conditioning:
         return TextContext.cat([self.cond, self.uncond]) if self.guided else self.cond
 
 
+def context_groups(frames, chunk_frames: int) -> list[list[int]]:
+    """The writes of one cache pass: ``frames`` in order, in contiguous runs of at most one chunk."""
+    groups: list[list[int]] = []
+    for frame in sorted(frames):
+        if groups and frame == groups[-1][-1] + 1 and len(groups[-1]) < chunk_frames:
+            groups[-1].append(frame)
+        else:
+            groups.append([frame])
+    return groups
+
+
 class ChunkDenoiser:
     def __init__(
         self,

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from vidgen.config import GenerationConfig, VidgenConfig
 from vidgen.models import KVCache
-from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning
+from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning, context_groups
 from vidgen.pipelines.drift import DriftMeasures, DriftMonitor, StatsAnchor
 from vidgen.pipelines.plan import ChunkPlanner, DriftAction, GenerationMode, PlannedChunk
 from vidgen.pipelines.scheduler import FlowSchedule
@@ -176,8 +176,7 @@ class VideoRun:
         holds: a frame keeps its sink or window slot until a later frame takes it."""
         for i in range(latents.shape[2]):
             self.history[first_frame + i] = latents[:, :, i : i + 1]
-        newest = {self.cache.slot_of(frame): frame for frame in sorted(self.history)}
-        held = {frame for slot, frame in newest.items() if slot is not None}
+        held = self.cache.frames_kept(self.history)
         for frame in [f for f in self.history if f not in held]:
             del self.history[frame]
 
@@ -193,13 +192,7 @@ class VideoRun:
         uninterrupted one had from the few latents its state holds. The sinks see nothing before
         them, so when they and the conditioning are those of the last pass, their keys and values
         would come out the same and are kept."""
-        size = self.config.generation.chunk_frames
-        groups: list[list[int]] = []
-        for frame in sorted(self.history):
-            if groups and frame == groups[-1][-1] + 1 and len(groups[-1]) < size:
-                groups[-1].append(frame)
-            else:
-                groups.append([frame])
+        groups = context_groups(self.history, self.config.generation.chunk_frames)
         sinks = list(range(self.cache.sink_frames))
         key = (chunk.prompt, chunk.previous_prompt, round(chunk.prompt_weight, 4), purpose)
         keep = bool(sinks) and groups[:1] == [sinks] and self._sinks_written == key
