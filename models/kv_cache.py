@@ -87,6 +87,11 @@ class KVCache(nn.Module):
             return None
         return self.sink_frames + (frame - self.sink_frames) % self.window_frames
 
+    def frames_kept(self, frames) -> set[int]:
+        """Which of ``frames`` the cache holds once all are written: the newest of each slot."""
+        newest = {self.slot_of(frame): frame for frame in sorted(frames)}
+        return {frame for slot, frame in newest.items() if slot is not None}
+
     @property
     def cached_frames(self) -> list[int]:
         """Absolute frame indices held, in slot order."""
@@ -104,8 +109,11 @@ class KVCache(nn.Module):
     def _valid_slots(self) -> list[int]:
         return [s for s, f in enumerate(self.slot_frames) if f >= 0]
 
-    def reset(self) -> None:
-        self.slot_frames = [-1] * self.capacity_frames
+    def reset(self, keep_sinks: bool = False) -> None:
+        """Forget the held frames (``keep_sinks``: all but the sinks)."""
+        self.slot_frames = [
+            f if keep_sinks and s < self.sink_frames else -1 for s, f in enumerate(self.slot_frames)
+        ]
         self.version += 1
 
     # ---------------------------------------------------------------- reading

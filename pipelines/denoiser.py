@@ -40,6 +40,17 @@ class Conditioning:
         )
 
 
+def context_groups(frames, chunk_frames: int) -> list[list[int]]:
+    """The writes of one cache pass: ``frames`` in order, in contiguous runs of at most one chunk."""
+    groups: list[list[int]] = []
+    for frame in sorted(frames):
+        if groups and frame == groups[-1][-1] + 1 and len(groups[-1]) < chunk_frames:
+            groups[-1].append(frame)
+        else:
+            groups.append([frame])
+    return groups
+
+
 class ChunkDenoiser:
     def __init__(
         self,
@@ -122,14 +133,17 @@ class ChunkDenoiser:
         frame_offset: int,
         generator: torch.Generator | None = None,
         callback=None,
+        sigmas: list[float] | None = None,
     ) -> torch.Tensor:
-        """All sampler steps for one chunk starting from pure ``noise``; returns clean latents."""
+        """All sampler steps for one chunk starting from pure ``noise``; returns clean latents.
+        ``sigmas``: the chunk's noise levels as planned (default: the schedule's)."""
+        levels = list(self.schedule.sigmas if sigmas is None else sigmas)
         latents = noise.float()
         batch, _, frames = latents.shape[:3]
-        for index, sigma in enumerate(self.schedule.sigmas[:-1]):
-            sigmas = torch.full((batch, frames), sigma, device=latents.device)
-            velocity = self.predict(latents, sigmas, conditioning, cache, frame_offset)
-            latents = self.schedule.step(latents, velocity, index, generator)
+        for index, (sigma, sigma_next) in enumerate(zip(levels, levels[1:])):
+            sigmas_now = torch.full((batch, frames), sigma, device=latents.device)
+            velocity = self.predict(latents, sigmas_now, conditioning, cache, frame_offset)
+            latents = self.schedule.step_between(latents, velocity, sigma, sigma_next, generator)
             if callback is not None:
                 callback(index, sigma, latents)
         return latents

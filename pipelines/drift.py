@@ -111,6 +111,21 @@ class DriftMonitor:
         self.quiet_chunks = 0
         self.last_frame = None
 
+    def state(self) -> dict[str, torch.Tensor]:
+        """Tensors to save for resuming: the chunks compared against, the quiet count, the last frame."""
+        out = {"quiet_chunks": torch.tensor([self.quiet_chunks])}
+        if self.history:
+            out["history"] = torch.stack(list(self.history))
+        if self.last_frame is not None:
+            out["last_frame"] = self.last_frame
+        return out
+
+    def load_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.reset()
+        self.quiet_chunks = int(tensors["quiet_chunks"][0])
+        self.history.extend(tensors["history"].unbind(0) if "history" in tensors else [])
+        self.last_frame = tensors.get("last_frame")
+
     def measure(self, latents: torch.Tensor, anchor: StatsAnchor | None, corrected: bool) -> DriftMeasures:
         frames = latents.float()
         if self.last_frame is not None:

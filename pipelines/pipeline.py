@@ -5,8 +5,10 @@
 
 1. the planner says what the chunk is (frames, prompt, context, drift actions);
 2. due drift actions run (KV re-cache under a new prompt, periodic re-cache);
-3. the denoiser makes the chunk's latents from seeded noise against the KV cache;
-4. statistics anchoring pulls drifted latents back; the chunk is written to the cache as context;
+3. the denoiser makes the chunk's latents from seeded noise against the KV cache, at the noise
+   levels the plan gives (the executor, :mod:`vidgen.pipelines.run`, runs the plan as it is);
+4. statistics anchoring pulls drifted latents back; the cache is rebuilt from the clean latents of
+   the frames it holds, the chunk's among them, so the latents alone determine it;
 5. the streaming decoder turns the latents into frames; the drift monitor measures the chunk.
 
 Every chunk's noise comes from ``(seed, chunk index)``, so a chunk is the same whether the video is
@@ -26,46 +28,22 @@ import numpy as np
 import torch
 
 from vidgen.attention import attention_backend
-from vidgen.config import GenerationConfig, VidgenConfig
-from vidgen.models import CausalWanTransformer, KVCache, TextContext
+from vidgen.config import VidgenConfig
+from vidgen.models import CausalWanTransformer, TextContext
 from vidgen.pipelines import loading
 from vidgen.pipelines.budget import check_memory
-from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning
-from vidgen.pipelines.drift import DriftMeasures, DriftMonitor, StatsAnchor
+from vidgen.pipelines.denoiser import Conditioning
 from vidgen.pipelines.lora import LongVideoLoraLoaderMixin
-from vidgen.pipelines.plan import (
-    ChunkPlan,
-    ChunkPlanner,
-    DriftAction,
-    GenerationMode,
-    PlannedChunk,
-    PromptChange,
-)
-from vidgen.pipelines.scheduler import FlowSchedule
-from vidgen.pipelines.vae_stream import (
-    encode_video,
-    spatial_factor,
-    streaming_decoder,
-    temporal_factor,
-    video_to_uint8,
-)
+from vidgen.pipelines.plan import ChunkPlan, ChunkPlanner, GenerationMode, PlannedChunk, PromptChange
+from vidgen.pipelines.run import ChunkMetrics as ChunkMetrics
+from vidgen.pipelines.run import VideoRun, flow_schedule
+from vidgen.pipelines.run import _chunk_generator as _chunk_generator
+from vidgen.pipelines.run import autocast_dtype as autocast_dtype
+from vidgen.pipelines.run import decode_to_frames as decode_to_frames
+from vidgen.pipelines.vae_stream import encode_video, spatial_factor, temporal_factor
 from vidgen.validation import InputError, check_guidance, check_number, check_seed, check_text
 
 Storyboard = list[tuple[float, str]]
-
-
-@dataclass
-class ChunkMetrics:
-    denoise_seconds: float
-    decode_seconds: float
-    total_seconds: float
-    """Wall time of this chunk, drift actions included."""
-    video_seconds: float
-    """Seconds of video the chunk adds."""
-    real_time_factor: float
-    """Video seconds made per wall second so far."""
-    actions: list[str]
-    drift: DriftMeasures | None = None
 
 
 @dataclass
@@ -114,16 +92,6 @@ class StreamControl:
     def take_prompt(self) -> str | None:
         prompt, self._prompt = self._prompt, None
         return prompt
-
-
-def _chunk_generator(seed: int, chunk: int, purpose: int, device: torch.device) -> torch.Generator:
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed((seed * 1_000_003 + chunk * 7_919 + purpose) % (2**63))
-    return generator
-
-
-def _randn(shape, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    return torch.randn(shape, generator=generator, dtype=torch.float32).to(device)
 
 
 class LongVideoPipeline(LongVideoLoraLoaderMixin):
@@ -411,11 +379,47 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
     ) -> ChunkPlan:
         """The chunk plan of a request, without running anything; a request that cannot be made
         (numbers, sizes, the memory it would need) raises :class:`InputError`."""
+        planner, num_frames, height, width = self._checked_planner(
+            prompt, storyboard, num_frames, seconds, height, width, num_inference_steps, seed, guidance_scale
+        )
+        return ChunkPlan(
+            chunks=list(planner.chunks(num_frames)),
+            num_frames=num_frames,
+            fps=self.config.generation.fps,
+            height=height,
+            width=width,
+            mode=planner.mode,
+            seed=seed,
+        )
+
+    def check_inputs(
+        self,
+        prompt: str | None = None,
+        *,
+        storyboard: Storyboard | None = None,
+        num_frames: int | None = None,
+        seconds: float | None = None,
+        height: int | None = None,
+        width: int | None = None,
+        num_inference_steps: int | None = None,
+        seed: int | None = None,
+        guidance_scale: float | None = None,
+    ) -> ChunkPlanner:
+        """What :meth:`plan` checks, without laying out a chunk: an hour-long request costs what a
+        second does. Returns the request's (lazy) planner; raises :class:`InputError` as ``plan``."""
+        planner, *_ = self._checked_planner(
+            prompt, storyboard, num_frames, seconds, height, width, num_inference_steps, seed, guidance_scale
+        )
+        return planner
+
+    def _checked_planner(
+        self, prompt, storyboard, num_frames, seconds, height, width, steps, seed, guidance_scale
+    ) -> tuple[ChunkPlanner, int, int, int]:
         g = self.config.generation
         height, width = _size(height, g.height, "height"), _size(width, g.width, "width")
         self.latent_size(height, width)
         changes, num_frames = self._check_request(
-            prompt, storyboard, num_frames, seconds, g.fps, steps=num_inference_steps, guidance=guidance_scale
+            prompt, storyboard, num_frames, seconds, g.fps, steps=steps, guidance=guidance_scale
         )
         if num_frames is None:
             raise InputError("a plan needs num_frames= or seconds=")
@@ -423,16 +427,8 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             check_seed("seed", seed)
         guidance = g.guidance_scale if guidance_scale is None else guidance_scale
         check_memory(self, self.config, height, width, guidance)
-        planner = self._planner(self.config, changes, num_inference_steps or g.num_inference_steps)
-        return ChunkPlan(
-            chunks=list(planner.chunks(num_frames)),
-            num_frames=num_frames,
-            fps=g.fps,
-            height=height,
-            width=width,
-            mode=GenerationMode(g.mode),
-            seed=seed,
-        )
+        planner = self._planner(self.config, changes, steps or g.num_inference_steps)
+        return planner, num_frames, height, width
 
     # ------------------------------------------------------------------ streaming
     def stream(
@@ -468,8 +464,9 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         times count the generated frames. ``include_input=True``: the first chunk opens with the
         given frames (the newest ``1 + 4k`` after the autoencoder round trip, any older ones as
         given) and every ``frame_start`` counts them, so the chunks make the whole video.
-        ``state_path``: after every chunk the generation state is saved there; with ``resume=True`` a
-        saved state is loaded first and generation continues after its last complete chunk.
+        ``state_path``: after every chunk the generation state is saved there (latents, not the KV
+        cache, which is rebuilt from them); with ``resume=True`` a saved state is loaded first and
+        generation continues after its last complete chunk, with the frames of an uninterrupted run.
         ``overrides``: ``"table.key": value`` config changes for this video only (window, sinks,
         drift options, attention backend, ...). ``decode=False``: chunks carry their latents and no
         frames, for a decoder elsewhere (:func:`decode_to_frames`, fed the chunks in order); the
@@ -499,7 +496,6 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         if state_path is not None and Path(state_path).is_dir():
             raise InputError(f"state_path must be a file path, {state_path} is a directory")
         check_memory(self, config, height, width, guidance)
-        run = _Run(self, config, latent_h, latent_w, guidance, seed, steps, decode=decode)
 
         # the attention backend is entered per step, never held across a yield: a consumer may
         # advance this generator from different threads (Gradio does)
@@ -514,12 +510,14 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         planner = self._planner(
             config, changes, steps, prefix_latents=prefix.shape[2] if prefix is not None else 0
         )
+        run = VideoRun(self, config, planner, latent_h, latent_w, guidance, seed, steps, decode=decode)
         resumed_from = -1
         if resume and state_path is not None and Path(state_path).is_file():
-            resumed_from = run.load(state_path)
+            with attention_backend(backend):
+                resumed_from = run.load(state_path, negative)
         elif prefix is not None:
             with attention_backend(backend):
-                decoded = run.prefill(prefix, planner, negative)
+                decoded = run.prefill(prefix, negative)
             if offset:
                 opening = np.concatenate([clip.frames[: len(clip.frames) - clip.kept], decoded])
 
@@ -666,35 +664,6 @@ def resize_video(video: torch.Tensor, height: int, width: int) -> torch.Tensor:
     ).float()
 
 
-def flow_schedule(g: GenerationConfig, steps: int) -> FlowSchedule:
-    """The sampler's schedule: the config's explicit timesteps, or ``steps`` shifted uniform levels."""
-    try:
-        return FlowSchedule(steps, g.shift, g.sampler, tuple(g.timesteps))
-    except ValueError as err:
-        raise InputError(str(err)) from None
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bfloat16 in hardware (AVX-512 BF16 or AMX), from /proc/cpuinfo."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
-
-
-def autocast_dtype(setting: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for ``runtime.autocast`` on ``device`` (None: off)."""
-    if setting == "off":
-        return None
-    if setting == "bfloat16":
-        return torch.bfloat16
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    return torch.bfloat16 if device.type == "cpu" and cpu_has_native_bf16() else None
-
-
 def seed_of(generator: torch.Generator | int | None) -> int:
     """The seed a ``generator`` argument stands for (a random one for None), checked."""
     if generator is None:
@@ -713,287 +682,3 @@ def _size(value: int | None, default: int, name: str) -> int:
     if value is None:
         return default
     return check_number(name, value, integer=True, positive=True)
-
-
-def decode_to_frames(decoder, latents: torch.Tensor, latent_start: int) -> np.ndarray:
-    """A chunk's (T, H, W, 3) uint8 frames from its latents, through a stateful streaming decoder
-    (``vae_stream.streaming_decoder``) that has decoded the chunks before it."""
-    video = decoder.decode(latents, latent_start)  # (1, 3, T, H, W) in [-1, 1]
-    return video_to_uint8(video).cpu().numpy()
-
-
-@dataclass
-class _ChunkResult:
-    frames: np.ndarray
-    latents: torch.Tensor
-    metrics: ChunkMetrics
-
-
-class _Run:
-    """The state of one video being generated: cache, latent history, decoder, drift state."""
-
-    def __init__(
-        self,
-        pipe: LongVideoPipeline,
-        config: VidgenConfig,
-        latent_h: int,
-        latent_w: int,
-        guidance: float,
-        seed: int,
-        steps: int,
-        decode: bool = True,
-    ) -> None:
-        g, d = config.generation, config.drift
-        self.pipe = pipe
-        self.config = config
-        self.seed = seed
-        self.guidance = guidance
-        self.latent_hw = (latent_h, latent_w)
-        branches = 2 if guidance != 1.0 else 1
-        self.cache: KVCache = pipe.transformer.make_kv_cache(
-            batch_size=branches,
-            latent_height=latent_h,
-            latent_width=latent_w,
-            sink_frames=g.sink_frames,
-            window_frames=g.window_frames,
-        )
-        self.denoiser = ChunkDenoiser(
-            pipe.transformer,
-            flow_schedule(g, steps),
-            rope_mode=g.rope_mode,
-            context_noise=g.addnoise_condition,
-            chunk_frames=g.chunk_frames,
-            autocast=autocast_dtype(config.runtime.autocast, pipe.device),
-            attention=g.attention,
-        )
-        self.history: dict[int, torch.Tensor] = {}  # latent frame -> (1, C, 1, h, w), the cached frames
-        self.decoder = streaming_decoder(pipe.vae) if decode else None  # None: decoded elsewhere
-        if self.decoder is not None:
-            self.decoder.reset()
-        self.anchor = (
-            StatsAnchor(d.anchor_chunks, d.anchor_strength, d.anchor_tolerance) if d.anchor_stats else None
-        )
-        self.monitor = DriftMonitor(d.freeze_threshold) if d.monitor else None
-        self.in_flight: list[tuple[PlannedChunk, torch.Tensor, int]] = []
-
-    # -------------------------------------------------------------- cache
-    def _remember(self, latents: torch.Tensor, first_frame: int) -> None:
-        for i in range(latents.shape[2]):
-            self.history[first_frame + i] = latents[:, :, i : i + 1]
-        held = set(self.cache.cached_frames)
-        for frame in [f for f in self.history if f not in held]:
-            del self.history[frame]
-
-    def write(
-        self, latents: torch.Tensor, first_frame: int, conditioning: Conditioning, purpose: int
-    ) -> None:
-        generator = _chunk_generator(self.seed, first_frame, purpose, latents.device)
-        self.denoiser.write_context(latents, conditioning, self.cache, first_frame, generator)
-        self._remember(latents, first_frame)
-
-    @torch.no_grad()
-    def recache(self, conditioning: Conditioning, purpose: int) -> None:
-        """Rebuild the cache from the clean latents it holds, under ``conditioning``."""
-        frames = sorted(self.history)
-        self.cache.reset()
-        chunk = self.config.generation.chunk_frames
-        groups: list[list[int]] = []
-        for frame in frames:  # contiguous runs, at most one chunk long
-            if groups and frame == groups[-1][-1] + 1 and len(groups[-1]) < chunk:
-                groups[-1].append(frame)
-            else:
-                groups.append([frame])
-        history = dict(self.history)
-        for group in groups:
-            latents = torch.cat([history[f] for f in group], dim=2)
-            self.write(latents, group[0], conditioning, purpose)
-
-    @torch.no_grad()
-    def prefill(self, prefix: torch.Tensor, planner: ChunkPlanner, negative: str) -> np.ndarray | None:
-        """Write the clip's latents into the cache; returns its frames after the autoencoder round
-        trip (None without a decoder here)."""
-        first = next(iter(planner.chunks(None)))
-        conditioning = self.pipe._conditioning(first, self.guidance, negative)
-        chunk = self.config.generation.chunk_frames
-        for start in range(0, prefix.shape[2], chunk):
-            self.write(prefix[:, :, start : start + chunk], start, conditioning, purpose=3)
-        # warm the streaming decoder so the continuation decodes seamlessly
-        if self.decoder is None:
-            return None
-        return decode_to_frames(self.decoder, prefix, 0)
-
-    # -------------------------------------------------------------- one chunk
-    @torch.no_grad()
-    def make_chunk(self, chunk: PlannedChunk, negative: str, callback) -> _ChunkResult:
-        pipe = self.pipe
-        t0 = time.perf_counter()
-        conditioning = pipe._conditioning(chunk, self.guidance, negative)
-        actions = [a.value for a in chunk.actions]
-        if DriftAction.REANCHOR in chunk.actions and self.anchor is not None:
-            self.anchor.reset()
-        if DriftAction.RECACHE_PROMPT in chunk.actions or DriftAction.RECACHE_PERIODIC in chunk.actions:
-            self.recache(conditioning, purpose=2)
-
-        latents = self._denoise(chunk, conditioning, callback)
-        t1 = time.perf_counter()
-        corrected = False
-        if self.anchor is not None:
-            latents, corrected = self.anchor.apply(latents)
-            if corrected:
-                actions.append("anchor_correction")
-        self.write(latents, chunk.latent_start, conditioning, purpose=1)
-        measures = self.monitor.measure(latents, self.anchor, corrected) if self.monitor is not None else None
-
-        t2 = time.perf_counter()
-        if self.decoder is not None:
-            frames = decode_to_frames(self.decoder, latents, chunk.latent_start)
-        else:
-            s = spatial_factor(pipe.vae)
-            frames = np.zeros((0, self.latent_hw[0] * s, self.latent_hw[1] * s, 3), dtype=np.uint8)
-        t3 = time.perf_counter()
-        metrics = ChunkMetrics(
-            denoise_seconds=t1 - t0,
-            decode_seconds=t3 - t2,
-            total_seconds=t3 - t0,
-            video_seconds=0.0,
-            real_time_factor=0.0,
-            actions=actions,
-            drift=measures,
-        )
-        return _ChunkResult(frames=frames, latents=latents, metrics=metrics)
-
-    def _denoise(self, chunk: PlannedChunk, conditioning: Conditioning, callback) -> torch.Tensor:
-        pipe = self.pipe
-        h, w = self.latent_hw
-        shape = (1, pipe.transformer.config.in_channels, chunk.latent_end - chunk.latent_start, h, w)
-        noise = _randn(shape, _chunk_generator(self.seed, chunk.index, 0, pipe.device), pipe.device)
-        step_generator = _chunk_generator(self.seed, chunk.index, 4, pipe.device)
-
-        def on_step(index: int, sigma: float, latents: torch.Tensor):
-            if callback is None:
-                return
-            result = callback(pipe, index, sigma * 1000.0, {"latents": latents, "chunk": chunk.index})
-            if isinstance(result, dict) and "latents" in result:
-                latents.copy_(result["latents"])
-
-        if self.config.generation.mode == GenerationMode.DIFFUSION_FORCING.value:
-            return self._denoise_pipelined(chunk, noise, conditioning, on_step, step_generator)
-        return self.denoiser.denoise(
-            noise, conditioning, self.cache, chunk.latent_start, generator=step_generator, callback=on_step
-        )
-
-    def _denoise_pipelined(self, chunk, noise, conditioning, on_step, step_generator) -> torch.Tensor:
-        """Diffusion forcing: chunks in flight at staggered noise levels, one model call advances
-        all of them; returns the chunk whose denoising completes (the oldest in flight)."""
-        g = self.config.generation
-        schedule = self.denoiser.schedule
-        steps = schedule.num_steps
-        lead = -(-steps // g.ar_step) - 1  # chunks started ahead of the one being finished
-        if not self.in_flight:
-            self.in_flight.append((chunk, noise, 0))
-        # top up: start the chunks that follow, as the plan's first_iteration staggers them
-        while len(self.in_flight) <= lead:
-            last, _, last_step = self.in_flight[-1]
-            nxt = _next_chunk(last, g.chunk_frames)
-            nxt_noise = _randn(
-                noise.shape, _chunk_generator(self.seed, nxt.index, 0, noise.device), noise.device
-            )
-            self.in_flight.append((nxt, nxt_noise, last_step - g.ar_step))
-        while True:
-            active = [(c, x, s) for c, x, s in self.in_flight if s >= 0]
-            oldest = self.in_flight[0]
-            if oldest[2] >= steps:
-                break
-            x = torch.cat([x for _, x, _ in active], dim=2)
-            sigmas = torch.cat(
-                [torch.full((1, xi.shape[2]), schedule.sigmas[s], device=xi.device) for _, xi, s in active],
-                dim=1,
-            )
-            velocity = self.denoiser.predict(x, sigmas, conditioning, self.cache, active[0][0].latent_start)
-            updated = []
-            offset = 0
-            for c, xi, s in self.in_flight:
-                if s < 0:
-                    updated.append((c, xi, s + 1))
-                    continue
-                n = xi.shape[2]
-                vi = velocity[:, :, offset : offset + n]
-                offset += n
-                new = schedule.step(xi, vi, s, _chunk_generator(self.seed, c.index, 10 + s, xi.device))
-                if c.index == chunk.index:
-                    on_step(s, schedule.sigmas[s], new)
-                updated.append((c, new, s + 1))
-            self.in_flight = updated
-        finished = self.in_flight.pop(0)
-        if finished[0].index != chunk.index:
-            raise RuntimeError(
-                f"diffusion forcing finished chunk {finished[0].index}, expected {chunk.index}"
-            )
-        return finished[1]
-
-    # -------------------------------------------------------------- resume
-    def save(self, path: str | os.PathLike, chunk_index: int) -> None:
-        extra = {"chunk_index": torch.tensor([chunk_index]), "seed": torch.tensor([self.seed])}
-        for frame, latents in self.history.items():
-            extra[f"history.{frame}"] = latents.cpu()
-        for key, value in (self.decoder.state() if self.decoder is not None else {}).items():
-            extra[f"decoder.{key}"] = value.cpu()
-        if self.anchor is not None:
-            extra.update({f"anchor.{k}": v.cpu() for k, v in self.anchor.state().items()})
-        for i, (c, x, s) in enumerate(self.in_flight):
-            extra[f"in_flight.{i}.{c.index}.{c.latent_start}.{s}"] = x.cpu()
-        tmp = Path(str(path) + ".tmp")
-        self.cache.save(tmp, extra=extra)
-        os.replace(tmp, path)
-
-    def load(self, path: str | os.PathLike) -> int:
-        cache, extra = KVCache.load(path, device=self.pipe.device)
-        if tuple(cache.k.shape) != tuple(self.cache.k.shape):
-            raise InputError(f"{path} was saved with different settings (cache {tuple(cache.k.shape)})")
-        if int(extra["seed"][0]) != self.seed:
-            raise InputError(f"{path} was saved with seed {int(extra['seed'][0])}, this run uses {self.seed}")
-        self.cache = cache
-        device = self.pipe.device
-        self.history = {
-            int(k.split(".")[1]): v.to(device) for k, v in extra.items() if k.startswith("history.")
-        }
-        if self.decoder is not None:
-            self.decoder.load_state(
-                {k[len("decoder.") :]: v.to(device) for k, v in extra.items() if k.startswith("decoder.")}
-            )
-        if self.anchor is not None:
-            self.anchor.load_state(
-                {k[len("anchor.") :]: v.to(device) for k, v in extra.items() if k.startswith("anchor.")}
-            )
-        flight = []
-        for key, value in extra.items():
-            if key.startswith("in_flight."):
-                _, order, index, latent_start, step = key.split(".")
-                flight.append((int(order), int(index), int(latent_start), int(step), value.to(device)))
-        chunk_frames = self.config.generation.chunk_frames
-        self.in_flight = []
-        for _, index, latent_start, step, latents in sorted(flight):
-            placeholder = _next_chunk(_placeholder(index - 1, latent_start - chunk_frames), chunk_frames)
-            self.in_flight.append((placeholder, latents, step))
-        return int(extra["chunk_index"][0])
-
-
-def _placeholder(index: int, latent_start: int) -> PlannedChunk:
-    return PlannedChunk(index, latent_start, latent_start, 0, 0, 0.0, "", None, 1.0, [], [])
-
-
-def _next_chunk(chunk: PlannedChunk, chunk_frames: int) -> PlannedChunk:
-    """A placeholder entry for a chunk started ahead in diffusion forcing (replaced when it is reached)."""
-    return PlannedChunk(
-        index=chunk.index + 1,
-        latent_start=chunk.latent_end,
-        latent_end=chunk.latent_end + chunk_frames,
-        frame_start=chunk.frame_end,
-        frame_end=chunk.frame_end,
-        start_time=chunk.start_time,
-        prompt=chunk.prompt,
-        previous_prompt=None,
-        prompt_weight=1.0,
-        context=[],
-        sigmas=chunk.sigmas,
-    )

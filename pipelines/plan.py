@@ -60,7 +60,8 @@ class PlannedChunk:
     sigmas: list[float]
     actions: list[DriftAction] = field(default_factory=list)
     first_iteration: int = 0
-    """diffusion_forcing: the model call at which this chunk starts denoising."""
+    """diffusion_forcing: the model call at which this chunk starts denoising (its step ``s`` runs at
+    call ``first_iteration + s``, with the chunks in flight then); 0 in chunkwise mode."""
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -126,8 +127,7 @@ class ChunkPlanner:
 
     def chunks(self, num_frames: int | None = None) -> Iterator[PlannedChunk]:
         """Chunks until ``num_frames`` video frames exist (None: without end)."""
-        steps = len(self.sigmas) - 1
-        in_flight = -(-steps // self.ar_step) if self.mode == GenerationMode.DIFFUSION_FORCING else 1
+        diffusion_forcing = self.mode == GenerationMode.DIFFUSION_FORCING
         index = 0
         latent = self.prefix_latents
         frames_done = 0
@@ -177,7 +177,7 @@ class ChunkPlanner:
                 context=self.context_of(latent),
                 sigmas=list(self.sigmas),
                 actions=actions,
-                first_iteration=index * self.ar_step if in_flight > 1 else 0,
+                first_iteration=index * self.ar_step if diffusion_forcing else 0,
             )
             index += 1
             latent += count

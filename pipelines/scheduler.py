@@ -69,7 +69,17 @@ class FlowSchedule:
     ) -> torch.Tensor:
         """Move ``sample`` from level ``sigmas[index]`` to ``sigmas[index + 1]``."""
         sigmas = self.sigmas
-        sigma, sigma_next = sigmas[index], sigmas[index + 1]
+        return self.step_between(sample, velocity, sigmas[index], sigmas[index + 1], generator)
+
+    def step_between(
+        self,
+        sample: torch.Tensor,
+        velocity: torch.Tensor,
+        sigma: float,
+        sigma_next: float,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Move ``sample`` from level ``sigma`` to ``sigma_next`` (two levels of a chunk's plan)."""
         if self.sampler == SamplerKind.EULER or sigma_next == 0.0:
             if self.sampler == SamplerKind.X0_RENOISE:
                 return sample - sigma * velocity  # predicted clean sample

@@ -119,7 +119,9 @@ class SessionStore:
         limit = opening + round(request.seconds * fps) if request.seconds is not None else None
         record = SessionRecord(asdict(request), seed, board, limit, opening_frames=opening)
         # fail now on a bad request (InputError), not at the first chunk
-        self.pipe.plan(storyboard=board, num_frames=limit or fps, height=request.height, width=request.width)
+        self.pipe.check_inputs(
+            storyboard=board, num_frames=limit or fps, height=request.height, width=request.width
+        )
         session_id = self.new_id()
         live = self._start(session_id, record, resume=False)
         with self.lock:

@@ -58,6 +58,7 @@ def test_benchmark_reports_every_figure(tiny_model, tmp_path, capsys):
         "time to first frame",
         "real-time factor",
         "SkyReels-V2 DF, equal context / ours, wall time",
+        "saved state, largest (after every chunk, as vidgen render)",
     ):
         assert any(name.startswith(expected) for name in names), expected
         assert expected in out
@@ -79,16 +80,21 @@ def test_benchmark_reports_every_figure(tiny_model, tmp_path, capsys):
     sequential = sorted(r["total_s"] for r in rows[10:15])[2] / sorted(r["total_s"] for r in rows[3:8])[2]
     assert cost["sequential_ratio"] == pytest.approx(sequential)
     assert cost["peak_rss_end_mib"] >= cost["peak_rss_base_mib"] > 0
+    # the state was saved after every chunk (the size read at a chunk is the one before it)
+    assert rows[0]["state_bytes"] == 0 and all(0 < r["state_bytes"] < 500_000 for r in rows[1:])
+    assert result["state"]["kv_cache_bytes"] == 2 * 2 * 6 * 64 * 32 * 4  # K/V, layers, frames, tokens, width
     speed = result["speed"]
     assert speed["real_time_factor"] == pytest.approx(7.0 / rows[-1]["wall_s"])
     assert 0 < speed["first_frame_s"] == rows[0]["wall_s"]
 
     # 60 frames round up to 18 latent frames: SkyReels makes one window of 15, then one more
-    # chunk of 3 re-running the 12 before it; ours makes 6 chunks of 3 (4 steps + 1 cache write)
+    # chunk of 3 re-running the 12 before it; ours makes 6 chunks of 3 (4 steps each) and after
+    # each rebuilds the cache from the latents it holds: 1, 1, 2, 3, 3, 3 writes (the sinks kept
+    # after the first), 24 + 13 calls
     sky = result["skyreels"]
     assert sky["num_frames"] == 69 and sky["same_network_max_abs_diff"] < 1e-4
     ours, theirs = sky["rows"]["ours (KV cache)"], sky["rows"]["SkyReels-V2 DF, equal context"]
-    assert (ours["transformer_calls"], ours["latent_frames"], ours["frames"]) == (30, 90, 69)
+    assert (ours["transformer_calls"], ours["latent_frames"], ours["frames"]) == (37, 111, 69)
     assert (theirs["transformer_calls"], theirs["latent_frames"]) == (8, 120)
     assert theirs["settings"] == {
         "base_num_frames": 57,
@@ -176,5 +182,28 @@ def test_preset_on_cpu_with_allow_cpu(tmp_path):
     c = result["config"]
     assert not c["meaningful"] and (c["height"], c["width"], c["num_frames"]) == (128, 128, 9)
     assert len(result["chunks"]) == 1 and result["chunks"][0]["frames"] == 9
-    assert all("NOT meaningful" in f["note"] for f in result["figures"])
+    timed = [f for f in result["figures"] if f["unit"] in ("fps", "s", "GiB")]
+    assert len(timed) == 5 and all("NOT meaningful" in f["note"] for f in timed)
     assert (tmp_path / f"pipeline-{PRESET}.png").exists()
+    # the state sizes are the preset's (832x480), measured and computed whatever the device
+    assert result["state"]["kv_cache_bytes"] == 3_450_470_400
+    assert result["state"]["run_state_bytes"] < 30e6
+
+
+def test_preset_state_sizes_at_a_small_size():
+    """The state a Wan-preset video saves, measured by the pipeline's own save (here at 64x64)."""
+    from diffusers import AutoencoderKLWan
+
+    from vidgen.config import load_config
+
+    config = load_config(PRESET).replace(**{"generation.height": 64, "generation.width": 64})
+    with torch.device("meta"):
+        vae = AutoencoderKLWan()
+    sizes = benchmark_preset.preset_state_sizes(config, vae)
+    frame = 16 * 8 * 8 * 4  # one latent frame, float32
+    # sinks + window frames; the drift monitor's 16 chunks of 3 frames and its last frame
+    tensors = (3 + 9) * frame + 16 * 3 * frame + frame
+    assert sizes["chunks"] == 17
+    assert tensors < sizes["run_state_bytes"] < tensors + 20_000  # + the anchor, counters, header
+    assert sizes["kv_cache_bytes"] == 2 * 30 * 12 * 16 * 1536 * 2  # 16 tokens per frame, bf16
+    assert sizes["decoder_state_bytes"] > 0

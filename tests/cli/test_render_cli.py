@@ -269,3 +269,28 @@ def test_resume_refuses_another_seed_and_a_damaged_request(model, tmp_path, caps
     status, err = _main_in_process(capsys, *argv[1:], "--resume")
     assert status == 2 and "request.json is damaged" in err[0]
     assert not out.exists()
+
+
+def test_default_model_render_keeps_its_state_under_half_a_megabyte(tmp_path, monkeypatch):
+    """The saved state holds latents, not the KV cache (4.75 MB per chunk for this model)."""
+    from vidgen.cli import main
+    from vidgen.pipelines.run import VideoRun
+
+    sizes = []
+    save = VideoRun.save
+
+    def measured_save(self, path, chunk_index):
+        save(self, path, chunk_index)
+        sizes.append((chunk_index, os.path.getsize(path), self.cache.k.numel() * 2 * 4))
+
+    monkeypatch.setattr(VideoRun, "save", measured_save)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "default.mp4"
+    # 9 s: 19 chunks, past the drift monitor's 16 remembered chunks (the state's largest part)
+    args = ["render", "--quiet", "--prompt", PROMPT, "--seconds", "9", "--seed", "3", "--out", str(out)]
+    assert main(args) == 0
+    assert [index for index, _, _ in sizes] == list(range(19))
+    assert sizes[-1][1] == sizes[-2][1]  # the state has stopped growing
+    assert all(size <= 500_000 for _, size, _ in sizes), sizes
+    assert all(cache > 4_000_000 for _, _, cache in sizes)  # what the state used to hold
+    assert probe_video(out)["frames"] == 144

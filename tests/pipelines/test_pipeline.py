@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.tiny import save_tiny_pipeline, tiny_components
+from tests.tiny import FP32, save_tiny_pipeline, tiny_components
 from vidgen.pipelines import ChunkPlan, InputError, LongVideoPipeline, ModelLoadError, StreamControl
 
 PROMPT = "a red circle moving left on a black background"
@@ -265,3 +265,118 @@ def test_compiled_blocks_give_the_same_video():
     a = eager(PROMPT, seconds=2, generator=0, output_type="latent").frames
     b = compiled(PROMPT, seconds=2, generator=0, output_type="latent").frames
     assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+def _replanned(monkeypatch, change):
+    """Every chunk the planner lays out (for the chunk loop and the read-ahead alike) passes ``change``."""
+    from vidgen.pipelines.plan import ChunkPlanner
+
+    original = ChunkPlanner.chunks
+
+    def chunks(self, num_frames=None):
+        for chunk in original(self, num_frames):
+            change(chunk)
+            yield chunk
+
+    monkeypatch.setattr(ChunkPlanner, "chunks", chunks)
+
+
+def test_the_executor_runs_the_planned_noise_levels(monkeypatch):
+    pipe = tiny_components(**FP32)
+    two_steps = pipe(PROMPT, seconds=1, generator=0, num_inference_steps=2, output_type="latent").frames
+    four_steps = pipe(PROMPT, seconds=1, generator=0, output_type="latent").frames
+    levels = pipe.plan(PROMPT, seconds=1, num_inference_steps=2).chunks[0].sigmas
+    _replanned(monkeypatch, lambda chunk: setattr(chunk, "sigmas", list(levels)))
+    replanned = pipe(PROMPT, seconds=1, generator=0, output_type="latent").frames  # 4 steps configured
+    assert torch.equal(replanned, two_steps) and not torch.equal(replanned, four_steps)
+
+
+def test_diffusion_forcing_runs_the_planned_stagger(monkeypatch):
+    df = {**FP32, "generation.mode": "diffusion_forcing"}
+    staggered = tiny_components(**df, **{"generation.ar_step": 2})
+    expected = staggered(PROMPT, seconds=2, generator=0, output_type="latent").frames
+    lockstep = tiny_components(**df, **{"generation.ar_step": 1})
+    other = lockstep(PROMPT, seconds=2, generator=0, output_type="latent").frames
+    # the plan of ar_step=2 given to a pipeline configured with ar_step=1
+    _replanned(monkeypatch, lambda chunk: setattr(chunk, "first_iteration", 2 * chunk.index))
+    got = lockstep(PROMPT, seconds=2, generator=0, output_type="latent").frames
+    assert torch.equal(got, expected) and not torch.equal(got, other)
+
+
+@pytest.mark.parametrize("ar_step", [1, 2])
+def test_diffusion_forcing_resumes_with_identical_frames(tmp_path, ar_step):
+    pipe = tiny_components(**{**FP32, "generation.mode": "diffusion_forcing", "generation.ar_step": ar_step})
+    state = tmp_path / "state.safetensors"
+    full = _frames(pipe.stream(storyboard=BOARD, seconds=3, generator=5))
+    stream = pipe.stream(storyboard=BOARD, seconds=3, generator=5, state_path=state)
+    first = [next(stream) for _ in range(3)]
+    stream.close()
+    rest = list(pipe.stream(storyboard=BOARD, seconds=3, generator=5, state_path=state, resume=True))
+    assert rest[0].index == 2
+    assert np.array_equal(_frames(first[:2] + rest), full)
+
+
+def test_checking_an_hour_long_request_lays_out_no_chunk(pipe, monkeypatch):
+    from vidgen.pipelines.plan import ChunkPlanner
+
+    def no_layout(self, num_frames=None):
+        raise AssertionError("check_inputs laid out chunks")
+
+    monkeypatch.setattr(ChunkPlanner, "chunks", no_layout)
+    planner = pipe.check_inputs(storyboard=BOARD, seconds=3600, seed=1)
+    assert planner.storyboard[1].prompt == BOARD[1][1]
+    with pytest.raises(InputError, match="seconds must be at most"):
+        pipe.check_inputs(PROMPT, seconds=3601)
+    with pytest.raises(InputError, match="storyboard times must increase"):
+        pipe.check_inputs(storyboard=BOARD[::-1], seconds=3600)
+    with pytest.raises(AssertionError, match="laid out"):
+        pipe.plan(PROMPT, seconds=3600)  # the materialised plan does lay them out
+
+
+def test_the_cache_rebuilt_on_resume_is_the_cache_of_the_run(tmp_path):
+    """Resume rebuilds the cache from the saved latents; it must be, bit for bit, the one the
+    uninterrupted run holds (its context is always written by that same cache pass)."""
+    from vidgen.pipelines.run import VideoRun
+
+    pipe = tiny_components(**FP32, **{"generation.guidance_scale": 2.0})
+    g = pipe.config.generation
+    changes, _ = pipe._check_request(None, BOARD, None, 3, g.fps)
+
+    def new_run():
+        planner = pipe._planner(pipe.config, changes, g.num_inference_steps)
+        return VideoRun(pipe, pipe.config, planner, 16, 16, 2.0, seed=5, steps=g.num_inference_steps)
+
+    run = new_run()
+    for chunk in run.planner.chunks(16 * 2):  # 2 s: past the window (frames leave it from chunk 3)
+        run.make_chunk(chunk, "", None)
+    assert sorted(run.cache.cached_frames) == [0, 1, 6, 7, 8, 9]
+    run.save(tmp_path / "state.safetensors", chunk.index)
+    resumed = new_run()
+    assert resumed.load(tmp_path / "state.safetensors", "") == chunk.index
+    assert resumed.cache.slot_frames == run.cache.slot_frames
+    assert torch.equal(resumed.cache.k, run.cache.k) and torch.equal(resumed.cache.v, run.cache.v)
+    # the history is what determines it: a changed latent changes the rebuilt cache
+    resumed.history[max(resumed.history)] += 0.1
+    resumed.rebuild_cache(chunk, pipe._conditioning(chunk, 2.0, ""), purpose=1)
+    assert not torch.equal(resumed.cache.k, run.cache.k)
+
+
+def test_a_state_saved_by_an_older_version_is_refused(pipe, tmp_path):
+    from vidgen.models import KVCache
+
+    state = tmp_path / "state.safetensors"
+    cache = KVCache(
+        num_layers=2, batch_size=1, num_heads=2, head_dim=16, frame_tokens=64, sink_frames=2, window_frames=4
+    )
+    cache.save(state, extra={"chunk_index": torch.tensor([1]), "seed": torch.tensor([0])})
+    with pytest.raises(InputError, match="not a generation state this vidgen can resume"):
+        next(pipe.stream(PROMPT, seconds=2, generator=0, state_path=state, resume=True))
+    other = tmp_path / "other.safetensors"
+    list(pipe.stream(PROMPT, seconds=1, generator=0, state_path=other))
+    with pytest.raises(InputError, match=r"saved with different settings \(window_frames 4 \(now 2\)\)"):
+        next(
+            pipe.stream(
+                PROMPT, seconds=2, generator=0, state_path=other, resume=True,
+                overrides={"generation.window_frames": 2},
+            )
+        )  # fmt: skip

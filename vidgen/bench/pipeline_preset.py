@@ -16,7 +16,9 @@ checks the code path, and the figures say they are not meaningful.
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -126,14 +128,17 @@ def run_preset(args: argparse.Namespace) -> dict:
     if not on_cpu:
         torch.cuda.reset_peak_memory_stats(device)
     rows = []
+    scratch = tempfile.TemporaryDirectory(prefix="vidgen-bench-state-")
+    state = Path(scratch.name) / "state.safetensors"  # saved after every chunk, as vidgen render does
     start = time.perf_counter()
-    with torch.inference_mode():
+    with torch.inference_mode(), scratch:
         for chunk in pipe.stream(
-            PROMPT, num_frames=num_frames, height=height, width=width, generator=args.seed
+            PROMPT, num_frames=num_frames, height=height, width=width, generator=args.seed, state_path=state
         ):
             rows.append(
                 {
                     "index": chunk.index,
+                    "state_bytes": state.stat().st_size if state.is_file() else 0,  # after the chunk before
                     "frames": len(chunk.frames),
                     "wall_s": time.perf_counter() - start,
                     "total_s": chunk.metrics.total_seconds,
@@ -166,6 +171,20 @@ def run_preset(args: argparse.Namespace) -> dict:
         ),
         figure("build time (random weights)" if not args.model else "load time", build_s, "s", note=note),
     ]  # fmt: skip
+    sizes = preset_state_sizes(pipe.config, pipe.vae, args.seed, device)
+    figures += [
+        figure(
+            f"saved state, {g.width}x{g.height}: latents, plan position, drift state", sizes["run_state_bytes"] / 1e6,
+            "MB", note=f"measured after chunk {sizes['chunks'] - 1}, as a Ray worker saves it (no decoder)",
+        ),
+        figure(
+            "  + Wan VAE streaming-decoder state (vidgen render)", sizes["decoder_state_bytes"] / 1e6, "MB",
+            note="its causal-convolution caches, computed",
+        ),
+        figure(
+            "  the KV cache the state held before (Wan-1.3B)", sizes["kv_cache_bytes"] / 1e6, "MB", note="computed",
+        ),
+    ]  # fmt: skip
     return {
         "config": machine_info() | {
             "preset": args.preset,
@@ -182,9 +201,79 @@ def run_preset(args: argparse.Namespace) -> dict:
             "meaningful": not on_cpu,
         },
         "fps_anchors": FPS_ANCHORS,
+        "state": sizes,
         "chunks": rows,
         "figures": figures,
     }  # fmt: skip
+
+
+def preset_state_sizes(config, vae, seed: int = 0, device: torch.device | str = "cpu") -> dict:
+    """Bytes of the resumable state of a video at the preset's size, in steady state.
+
+    ``run_state_bytes`` is measured: the pipeline's own save, after every chunk of a video made at
+    the preset's latent geometry (channels, size, chunk, sinks, window, steps) by a 2-layer random
+    stand-in transformer with the preset's latent channels and patch -- the state holds latents, so
+    the transformer's size does not enter it -- without decoding (as a Ray worker saves it), until
+    the drift monitor's memory is full. ``decoder_state_bytes``: the Wan VAE's causal-convolution
+    caches after a chunk, from a decode on the meta device (shapes only) in the VAE's dtype.
+    ``kv_cache_bytes``: the Wan-1.3B transformer's KV cache in bfloat16, computed."""
+    from vidgen.models.autoencoder import AutoencoderKLLite
+    from vidgen.pipelines.benchmark import cache_bytes
+    from vidgen.pipelines.drift import DriftMonitor
+    from vidgen.pipelines.vae_stream import spatial_factor, streaming_decoder, temporal_factor
+
+    g = config.generation
+    s, t = spatial_factor(vae), temporal_factor(vae)
+    latent_h, latent_w = g.height // s, g.width // s
+    channels = WAN_1_3B["in_channels"]
+    torch.manual_seed(seed)
+    stand_in = CausalWanTransformer(
+        **{
+            **WAN_1_3B,
+            "num_attention_heads": 2,
+            "attention_head_dim": 16,
+            "ffn_dim": 64,
+            "num_layers": 2,
+            "text_dim": 32,
+        }
+    ).eval()
+    geometry = AutoencoderKLLite(
+        z_dim=channels, hidden_channels=8, encoder_blocks=1, decoder_blocks=1, refine_channels=8,
+        scale_factor_spatial=s, scale_factor_temporal=t,
+    )  # fmt: skip
+    text = PromptEmbeddings(torch.randn(1, 8, 32))
+    device = torch.device(device)
+    settings = {"runtime.device": device.type, "runtime.autocast": "off"}
+    pipe = LongVideoPipeline(stand_in, geometry, text, config.replace(**settings)).to(device)
+    chunks = DriftMonitor().history.maxlen + 1
+    num_frames = frames_of_latents(0, chunks * g.chunk_frames, t)[1]
+    with tempfile.TemporaryDirectory(prefix="vidgen-bench-state-") as scratch:
+        state = Path(scratch) / "state.safetensors"
+        for _ in pipe.stream(PROMPT, num_frames=num_frames, generator=seed, state_path=state, decode=False):
+            pass
+        run_state = state.stat().st_size
+
+    decoder_state = 0
+    if type(vae).__name__ == "AutoencoderKLWan":
+        from diffusers import AutoencoderKLWan
+
+        with torch.device("meta"):
+            shadow = AutoencoderKLWan.from_config(vae.config)
+        torch.nn.Module.to(shadow, next(vae.parameters()).dtype)
+        decoder = streaming_decoder(shadow)
+        decoder.mean, decoder.std = decoder.mean.to("meta"), decoder.std.to("meta")
+        latents = torch.zeros(1, channels, g.chunk_frames, latent_h, latent_w, device="meta")
+        decoder.decode(latents, 0)
+        decoder.decode(latents, g.chunk_frames)
+        decoder_state = sum(v.numel() * v.element_size() for v in decoder.state().values())
+    with torch.device("meta"):
+        wan = CausalWanTransformer(**WAN_1_3B)
+    return {
+        "chunks": chunks,
+        "run_state_bytes": run_state,
+        "decoder_state_bytes": decoder_state,
+        "kv_cache_bytes": cache_bytes(wan, g, latent_h, latent_w, torch.bfloat16),
+    }
 
 
 def _attention_backend_name(pipe: LongVideoPipeline, args: argparse.Namespace) -> str:

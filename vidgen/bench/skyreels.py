@@ -7,7 +7,8 @@ and with full attention and the same timesteps they compute the same tensor -- t
 and reports the difference. The comparison is therefore one network, two ways of making a long video:
 
 * **ours**: chunk by chunk against a KV cache (sliding window + sinks): each chunk costs its
-  sampler steps on the chunk's own tokens, plus one pass writing it into the cache;
+  sampler steps on the chunk's own tokens, plus the cache pass that rewrites the window's chunks
+  from their clean latents (one pass per chunk in the window; the sinks are kept);
 * **SkyReels-V2 diffusion forcing, long-video mode**: windows of ``base_num_frames`` whose first
   ``overlap_history`` frames are the end of the previous window, run through every sampler step
   again (as clean, not updated, frames) so that the new frames see them.

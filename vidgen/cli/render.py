@@ -169,7 +169,7 @@ def read_start(args: argparse.Namespace):
 def check_numbers(args: argparse.Namespace) -> None:
     """Numbers that can never work (not finite, not positive, out of range) and text that is not
     UTF-8, refused before anything heavy is imported (so at once). The limits that depend on the
-    model and its config (length, steps, memory) are checked by ``LongVideoPipeline.plan``."""
+    model and its config (length, steps, memory) are checked by ``LongVideoPipeline.check_inputs``."""
     positive = ("seconds", "steps", "height", "width", "fps", "guidance", "sp", "replicas", "upscale")
     for name in positive:
         value = getattr(args, name, None)
@@ -250,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     from vidgen.video import SegmentedRecording, Upscale
 
     pipe = load_pipeline(args)
-    pipe.plan(  # check the request before anything is written
+    pipe.check_inputs(  # check the request before anything is written
         args.prompt,
         storyboard=request["storyboard"],
         seconds=args.seconds,
