@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -44,6 +44,9 @@ from vidgen.pipelines.vae_stream import encode_video, spatial_factor, temporal_f
 from vidgen.validation import InputError, check_guidance, check_number, check_seed, check_text
 
 Storyboard = list[tuple[float, str]]
+
+if TYPE_CHECKING:
+    from vidgen.models.quantization import QuantizeKind
 
 
 @dataclass
@@ -158,7 +161,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         return pipe
 
     def quantize(
-        self, kind: str = "int8", text_encoder: bool = False, device: torch.device | str | None = None
+        self, kind: QuantizeKind = "int8", text_encoder: bool = False, device: torch.device | str | None = None
     ) -> None:
         """Quantize the transformer blocks' linear layers (and the text encoder's) in place with
         torchao: ``int8`` weight-only or ``fp8`` (see ``vidgen.models.quantization``)."""
@@ -205,7 +208,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         return self.transformer.device
 
     def to(self, device: torch.device | str) -> LongVideoPipeline:
-        self.transformer.to(device)
+        self.transformer.to(device)  # type: ignore[arg-type]  # diffusers types .to() as its own wrapper
         self.vae.to(device)
         self.text_encoder.to(device)
         self._text_contexts.clear()
@@ -219,7 +222,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         hook = None
         self._offload_hooks = []
         for module in (self.text_encoder, self.transformer, self.vae):
-            module.to("cpu")
+            module.to("cpu")  # type: ignore[arg-type]  # diffusers types .to() as its own wrapper
             _, hook = cpu_offload_with_hook(module, torch.device(device), prev_module_hook=hook)
             self._offload_hooks.append(hook)
 
@@ -285,7 +288,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             storyboard = [(0.0, check_text("prompt", prompt))]
         elif not isinstance(storyboard, (list, tuple)) or not storyboard:
             raise InputError("storyboard= must be a non-empty list of (start_seconds, prompt)")
-        changes = []
+        changes: list[PromptChange] = []
         for i, entry in enumerate(storyboard):
             if not isinstance(entry, (list, tuple)) or len(entry) != 2:
                 raise InputError(f"storyboard entry {i} must be (start_seconds, prompt), got {entry!r}")
@@ -519,6 +522,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             with attention_backend(backend):
                 decoded = run.prefill(prefix, negative)
             if offset:
+                assert clip is not None  # an offset comes from a clip
                 opening = np.concatenate([clip.frames[: len(clip.frames) - clip.kept], decoded])
 
         # 3. the plan, then chunk by chunk
@@ -585,7 +589,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
                 bar.update(len(chunk.frames))
         metrics = [c.metrics for c in chunks]
         if output_type == "latent":
-            frames: Any = torch.cat([c.latents for c in chunks], dim=2)
+            frames: Any = torch.cat([c.latents for c in chunks if c.latents is not None], dim=2)
         else:
             video = np.concatenate([c.frames for c in chunks])  # (T, H, W, 3) uint8
             if output_type == "np":
