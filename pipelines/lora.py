@@ -22,6 +22,7 @@ from vidgen.models.lora import check_lora_keys, normalize_lora_state_dict, read_
 from vidgen.pipelines.loading import ModelLoadError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from vidgen.attention.cache import LRUCache
     from vidgen.models import CausalWanTransformer, TextContext
 
 
@@ -47,7 +48,7 @@ class LongVideoLoraLoaderMixin(WanLoraLoaderMixin):
     transformer: CausalWanTransformer
     vae: Any
     text_encoder: Any
-    _text_contexts: dict[tuple, TextContext]
+    _text_contexts: LRUCache[TextContext]
 
     @property
     def components(self) -> dict:

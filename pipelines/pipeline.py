@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from vidgen.attention import attention_backend
+from vidgen.attention.cache import LRUCache
 from vidgen.config import VidgenConfig
 from vidgen.models import CausalWanTransformer, TextContext
 from vidgen.pipelines import loading
@@ -114,7 +115,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         self.vae = vae
         self.text_encoder = text_encoder
         self.config = config or VidgenConfig()
-        self._text_contexts: dict[tuple, TextContext] = {}
+        self._text_contexts: LRUCache[TextContext] = LRUCache(maxsize=32)
         self._offload_hooks: list = []
         self._quantized: str | None = None
         self._progress_bar_config: dict[str, Any] = {}
@@ -161,7 +162,10 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         return pipe
 
     def quantize(
-        self, kind: QuantizeKind = "int8", text_encoder: bool = False, device: torch.device | str | None = None
+        self,
+        kind: QuantizeKind = "int8",
+        text_encoder: bool = False,
+        device: torch.device | str | None = None,
     ) -> None:
         """Quantize the transformer blocks' linear layers (and the text encoder's) in place with
         torchao: ``int8`` weight-only or ``fp8`` (see ``vidgen.models.quantization``)."""
@@ -254,7 +258,8 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         """Cross-attention context for a chunk's prompt, following the model's text conditioning."""
         with_previous = self.config.model.text_conditioning == "with_previous"
         key = (prompt, previous if (with_previous or weight < 1) else None, round(weight, 4), with_previous)
-        if key not in self._text_contexts:
+
+        def build() -> TextContext:
             current = self._embed(prompt)
             if with_previous:
                 text = torch.cat([current, self._embed(previous if previous is not None else prompt)], dim=1)
@@ -262,11 +267,10 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
                 text = weight * current + (1 - weight) * self._embed(previous)  # a blended transition
             else:
                 text = current
-            if len(self._text_contexts) > 32:
-                self._text_contexts.pop(next(iter(self._text_contexts)))
             with torch.no_grad():
-                self._text_contexts[key] = self.transformer.encode_text(text)
-        return self._text_contexts[key]
+                return self.transformer.encode_text(text)
+
+        return self._text_contexts.get_or_create(key, build)
 
     def _conditioning(self, chunk: PlannedChunk, guidance_scale: float, negative_prompt: str) -> Conditioning:
         cond = self._text_context(chunk.prompt, chunk.previous_prompt, chunk.prompt_weight)
