@@ -51,6 +51,9 @@ class ChunkMetrics:
     """Video seconds made per wall second so far."""
     actions: list[str]
     drift: DriftMeasures | None = None
+    cache_seconds: float = 0.0
+    """Of ``total_seconds``: writing the chunk into the context (the cache pass) and the drift
+    anchor and monitor."""
 
 
 @dataclass
@@ -253,6 +256,7 @@ class VideoRun:
             real_time_factor=0.0,
             actions=actions,
             drift=measures,
+            cache_seconds=t2 - t1,
         )
         return ChunkResult(frames=frames, latents=latents, metrics=metrics)
 

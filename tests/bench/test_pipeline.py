@@ -85,6 +85,21 @@ def test_benchmark_reports_every_figure(tiny_model, tmp_path, capsys):
     assert result["state"]["kv_cache_bytes"] == 2 * 2 * 6 * 64 * 32 * 4  # K/V, layers, frames, tokens, width
     speed = result["speed"]
     assert speed["real_time_factor"] == pytest.approx(7.0 / rows[-1]["wall_s"])
+    # where a chunk's time goes: every chunk recorded to H.264 as vidgen render does, the state
+    # saving read off the time between chunks (nested intervals of one clock: never negative)
+    assert all(r["encode_s"] > 0 and 0 < r["cache_s"] < r["total_s"] for r in rows)
+    assert all(r["save_s"] > 0 for r in rows[:-1]) and "save_s" not in rows[-1]
+    parts = result["chunk_breakdown_s"]
+    assert list(parts) == [
+        "transformer (denoising steps)",
+        "cache write + drift",
+        "decode",
+        "H.264 encode",
+        "state saving (and the loop)",
+    ]
+    assert parts["decode"] == pytest.approx(sorted(r["decode_s"] for r in rows[1:-1])[6])
+    for name in parts:
+        assert f"per chunk: {name}" in out
     assert 0 < speed["first_frame_s"] == rows[0]["wall_s"]
 
     # 60 frames round up to 18 latent frames: SkyReels makes one window of 15, then one more
