@@ -143,8 +143,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         folder, config = loading.resolve_model(path_or_name, config)
         if overrides:
             config = config.replace(**overrides)
-        if config.runtime.threads:
-            torch.set_num_threads(config.runtime.threads)
+        loading.apply_threads(config.runtime.threads)
         transformer = loading.load_transformer(folder, config)
         vae = loading.load_vae(folder, config)
         text_encoder = loading.load_text_encoder(folder, config)

@@ -257,7 +257,8 @@ class RuntimeConfig:
     cpu_offload: bool = False
     """Keep only the running component on the accelerator (accelerate hooks)."""
     threads: int = 0
-    """CPU threads for torch (0: torch's default)."""
+    """CPU threads for torch (0: ``OMP_NUM_THREADS`` or a count already set with
+    ``torch.set_num_threads`` if any, else the CPUs not kept busy by other processes)."""
     quantize: Quantize = "none"
     """Quantize the transformer blocks' linear layers with torchao: ``int8`` weight-only (CPU and
     GPU), ``fp8`` (fp8 matmuls on GPUs of compute capability >= 8.9, emulated elsewhere)."""
