@@ -78,7 +78,7 @@ def sequence_parallel_stream(
 
     Differences from a single process: rank 0's seed is used everywhere (so ``generator=None``
     works), ``control`` is read on rank 0 only, and ``state_path`` must name a different file for
-    every rank (each saves its own shard of the KV cache); with ``resume=True`` every rank needs its
+    every rank (each saves its own copy of the latents its cache is rebuilt from); with ``resume=True`` every rank needs its
     own saved state, or none does.
     """
     from vidgen.pipelines.pipeline import seed_of
@@ -108,7 +108,7 @@ def sequence_parallel_stream(
         missing = [rank for rank, flag in enumerate(everyone) if not flag]
         raise FileNotFoundError(
             f"resume=True but ranks {missing} of the group have no saved state (each rank saves its own "
-            "shard of the KV cache to its own state_path); give every rank its file, or none"
+            "state to its own state_path); give every rank its file, or none"
         )
 
     parallel_pipe = type(pipe)(
