@@ -6,7 +6,6 @@
   bottom-right corner, our suffix alignment).
 * other ``block_causal`` / ``sliding_window`` patterns and ``radial``: one unmasked
   ``flash_attn_func`` call per query chunk (radial: query tile) over the keys it sees (:mod:`vidgen.attention.blockwise`).
-* ``tile`` is not supported (no arbitrary masks in flash-attn); use ``flex``.
 
 :func:`flash_attention_with_kvcache` wraps ``flash_attn_with_kvcache`` for the cached decode
 step: a whole chunk of queries attending to a pre-allocated KV cache.
@@ -58,10 +57,6 @@ def flash_attention(
     if window is not None:
         causal, window_size = window
         return flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=window_size)
-    if not pattern.has_key_ranges:
-        raise ValueError(
-            f"flash supports full, block_causal, sliding_window and radial patterns, not {pattern.kind.value}"
-        )
     # min_query_tokens=0: one chunk per step, so no step needs a mask (flash-attn takes none)
     steps = cached_plan(pattern, q.shape[1], k.shape[1], q.device, min_query_tokens=0)
     return run_blockwise(
@@ -119,9 +114,7 @@ BACKEND = AttentionBackend(
     run=flash_attention,
     devices=frozenset({"cuda"}),
     dtypes=frozenset({torch.float16, torch.bfloat16}),
-    kinds=frozenset(
-        {PatternKind.FULL, PatternKind.BLOCK_CAUSAL, PatternKind.SLIDING_WINDOW, PatternKind.RADIAL}
-    ),
+    kinds=frozenset(PatternKind),
     grad_devices=frozenset({"cuda"}),
     probe=_probe,
     description="flash-attn 2 (CUDA, fp16/bf16); per-chunk calls for chunked causal patterns",

@@ -13,9 +13,9 @@ On CPU FlexAttention has no backward: inputs that require grad are refused with 
 pointing at ``sdpa``.
 
 Block masks are built here rather than with ``create_block_mask``, which evaluates the mask at
-every (query, key) pair (at 64k tokens, a 4G-entry tensor): block-structured patterns become
-per-row key intervals reduced to blocks (radial patterns too), tile patterns are evaluated in bands of rows. Both
-are cached by pattern, lengths and device.
+every (query, key) pair (at 64k tokens, a 4G-entry tensor): every sparse pattern (block-causal,
+sliding-window, radial) becomes per-row key intervals reduced to blocks, cached by pattern,
+lengths and device.
 """
 
 from __future__ import annotations
@@ -87,27 +87,6 @@ def _block_structured_blocks(
     return _blocks_from_row_intervals(bounds[..., 0], bounds[..., 1], kv_len)
 
 
-def _banded_blocks(
-    pattern: AttentionPattern, q_len: int, kv_len: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Evaluate the dense mask a band of query blocks at a time and reduce it to blocks."""
-    n_qb, n_kb = -(-q_len // BLOCK), -(-kv_len // BLOCK)
-    offset = kv_len - q_len
-    band = max(1, (1 << 24) // (BLOCK * n_kb * BLOCK))  # query blocks per band: ~16M mask entries
-    k_pos = torch.arange(n_kb * BLOCK, device=device)
-    k_real = k_pos < kv_len
-    touches, covers = [], []
-    for first in range(0, n_qb, band):
-        rows = torch.arange(first * BLOCK, min((first + band) * BLOCK, q_len), device=device)
-        pad = -len(rows) % BLOCK  # repeat the last row, as above
-        rows = torch.cat([rows, rows[-1:].expand(pad)])
-        mask = pattern.visible(rows[:, None] + offset, k_pos[None, :]) & k_real  # (rows, KB * BLOCK)
-        mask = mask.view(-1, BLOCK, n_kb, BLOCK)
-        touches.append(mask.any(3).any(1))
-        covers.append(mask.all(3).all(1))
-    return torch.cat(touches), torch.cat(covers)
-
-
 def _to_indices(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(QB, KB) bool -> FlexAttention's (1, 1, QB) counts and (1, 1, QB, KB) indices (True blocks first)."""
     counts = blocks.sum(-1, dtype=torch.int32)
@@ -121,10 +100,9 @@ def build_block_mask(pattern: AttentionPattern, q_len: int, kv_len: int, device:
 
     device = torch.device(device)
     pattern.check_lengths(q_len, kv_len)
-    if pattern.has_key_ranges:
-        touches, covers = _block_structured_blocks(pattern, q_len, kv_len, device)
-    else:
-        touches, covers = _banded_blocks(pattern, q_len, kv_len, device)
+    if not pattern.has_key_ranges:
+        raise ValueError(f"a {pattern.kind.value} pattern needs no block mask: pass block_mask=None")
+    touches, covers = _block_structured_blocks(pattern, q_len, kv_len, device)
     partial_counts, partial_indices = _to_indices(touches & ~covers)
     full_counts, full_indices = _to_indices(covers)
     return BlockMask.from_kv_blocks(

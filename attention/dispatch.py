@@ -26,16 +26,10 @@ from contextvars import ContextVar
 
 import torch
 
-from vidgen.attention.backend_flex import compile_enabled as _flex_compile_enabled
-from vidgen.attention.patterns import AttentionPattern, PatternKind
+from vidgen.attention.patterns import AttentionPattern
 from vidgen.attention.registry import AttentionBackend, get_backend
 
 ENV_VAR = "VIDGEN_ATTENTION_BACKEND"
-
-FLEX_CPU_MIN_TOKENS = 8192
-"""Automatic choice on CPU: compiled flex only from this many keys on (below, compiling does not pay)."""
-FLEX_CPU_MAX_DENSITY = 0.25
-"""Automatic choice on CPU: compiled flex only for patterns that show at most this fraction of the keys."""
 
 _FULL = AttentionPattern.full()
 _CHOSEN: ContextVar[str | None] = ContextVar("vidgen_attention_backend", default=None)
@@ -85,37 +79,21 @@ def _needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def _flex_pays_on_cpu(q_len: int, kv_len: int, pattern: AttentionPattern, needs_grad: bool) -> bool:
-    return (
-        not needs_grad
-        and pattern.kind is not PatternKind.FULL
-        and not pattern.has_key_ranges
-        and kv_len >= FLEX_CPU_MIN_TOKENS
-        and _flex_compile_enabled()
-        and pattern.density(q_len, kv_len) <= FLEX_CPU_MAX_DENSITY
-    )
-
-
 def auto_backend(
     q: torch.Tensor, kv_len: int, pattern: AttentionPattern, needs_grad: bool
 ) -> AttentionBackend:
     """The automatic choice.
 
     * CUDA: ``flash`` > ``flex`` > ``sdpa``, the first that is usable and accepts the inputs
-      (flash-attn needs fp16/bf16 and no tile pattern).
-    * CPU: ``sdpa``, except for long sparse inference that sdpa can only run densely, where
-      compiled ``flex`` pays: no grad, a ``tile`` pattern (or any other that is not
-      block-structured), at least :data:`FLEX_CPU_MIN_TOKENS` keys, at most
-      :data:`FLEX_CPU_MAX_DENSITY` of them visible, and flex compiling not switched off.
-      Block-causal, sliding-window and radial patterns stay on sdpa: its blockwise path is linear in
-      length too, measured as fast as compiled flex on CPU, and has a backward (radial inference
-      runs as log-sum-exp-merged rectangles: 2.4x dense at the Wan-1.3B chunk, compiled flex 0.8x).
+      (flash-attn needs fp16/bf16).
+    * CPU: ``sdpa``. Every sparse pattern (block-causal, sliding-window, radial) runs there
+      blockwise, linear in length, measured as fast as compiled flex on CPU, with a backward
+      (radial inference runs as log-sum-exp-merged rectangles: 2.4x dense at the Wan-1.3B chunk,
+      compiled flex 0.8x).
     """
     order: tuple[str, ...]
     if q.device.type == "cuda":
         order = ("flash", "flex", "sdpa")
-    elif q.device.type == "cpu" and _flex_pays_on_cpu(q.shape[1], kv_len, pattern, needs_grad):
-        order = ("flex", "sdpa")
     else:
         order = ("sdpa",)
     reasons = []

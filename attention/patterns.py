@@ -1,6 +1,6 @@
 """Attention patterns: which keys each query may see, as data that every backend compiles.
 
-A pattern is a frozen, hashable description (kind, chunk size, window, sinks, tiles). It does
+A pattern is a frozen, hashable description (kind, chunk size, window, sinks, frame layout). It does
 not run attention; it answers "may query ``q`` see key ``k``?" in three forms that backends
 turn into their own kernels:
 
@@ -49,8 +49,6 @@ class PatternKind(str, Enum):
     """A chunk sees itself (bidirectionally) and every earlier chunk."""
     SLIDING_WINDOW = "sliding_window"
     """Block-causal, limited to a window of frames before the query's chunk, plus sink frames."""
-    TILE = "tile"
-    """Bidirectional sliding-tile attention over the (t, y, x) token grid."""
     RADIAL = "radial"
     """A chunk against a KV cache: dense for the nearest frames, a band of rows around the query's
     tile in farther frames that narrows with temporal distance (radial attention)."""
@@ -86,15 +84,6 @@ def _frame_times_on(frame_times: tuple[int, ...], device: torch.device) -> torch
     return torch.tensor(frame_times, dtype=torch.long, device=device)
 
 
-def _as_triple(value: int | tuple[int, ...], name: str) -> tuple[int, int, int]:
-    if isinstance(value, int):
-        return (value, value, value)
-    triple = tuple(int(v) for v in value)
-    if len(triple) != 3:
-        raise ValueError(f"{name} must be an int or a (t, h, w) triple, got {value!r}")
-    return triple
-
-
 @dataclass(frozen=True)
 class AttentionPattern:
     """Which keys each query sees. Build one with the classmethods, e.g.
@@ -104,7 +93,7 @@ class AttentionPattern:
     kind: PatternKind = PatternKind.FULL
     """The pattern family."""
     frame_tokens: int = 1
-    """Tokens per latent frame (``h * w`` after patchifying). Set from ``frame_size`` for ``tile``."""
+    """Tokens per latent frame (``h * w`` after patchifying)."""
     chunk_frames: int = 1
     """Latent frames per causal chunk (block_causal, sliding_window)."""
     window_frames: int = 0
@@ -112,11 +101,7 @@ class AttentionPattern:
     sink_frames: int = 0
     """sliding_window: the first frames of the video, always visible; a multiple of chunk_frames."""
     frame_size: tuple[int, int] | None = None
-    """tile, radial: the (h, w) of one frame, in tokens. Tokens are laid out frame-major, (t, y, x)."""
-    tile_size: tuple[int, int, int] | None = None
-    """tile: the (t, h, w) extent of one tile, in frames and tokens."""
-    tile_window: tuple[int, int, int] | None = None
-    """tile: neighbourhood radius in tiles along (t, h, w); 0 means the query's own tile only."""
+    """radial: the (h, w) of one frame, in tokens. Tokens are laid out frame-major, (t, y, x)."""
     frame_times: tuple[int, ...] | None = None
     """radial: the latent frame index of every key frame, in sequence order, relative to the newest
     (0); the KV cache's ring keeps frames out of time order. The first ``sink_frames`` are sinks."""
@@ -128,16 +113,11 @@ class AttentionPattern:
     tile_rows: int = 0
     """radial: queries are grouped in tiles of this many rows of one frame; a tile sees the same keys."""
 
-    # the fields a tile or radial pattern must have (checked in __post_init__), not Optional
+    # the fields a radial pattern must have (checked in __post_init__), not Optional
     @property
     def _hw(self) -> tuple[int, int]:
         assert self.frame_size is not None
         return self.frame_size
-
-    @property
-    def _tiles(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-        assert self.tile_size is not None and self.tile_window is not None
-        return self.tile_size, self.tile_window
 
     @property
     def _times(self) -> tuple[int, ...]:
@@ -167,24 +147,6 @@ class AttentionPattern:
             chunk_frames=chunk_frames,
             window_frames=window_frames,
             sink_frames=sink_frames,
-        )
-
-    @classmethod
-    def tiles(
-        cls,
-        frame_size: tuple[int, int],
-        tile_size: tuple[int, int, int],
-        tile_window: int | tuple[int, int, int] = 1,
-    ) -> AttentionPattern:
-        """Sliding-tile attention: a query sees the keys whose tile is within ``tile_window``
-        tiles of its own along every axis."""
-        h, w = (int(v) for v in frame_size)
-        return cls(
-            PatternKind.TILE,
-            frame_tokens=h * w,
-            frame_size=(h, w),
-            tile_size=_as_triple(tile_size, "tile_size"),
-            tile_window=_as_triple(tile_window, "tile_window"),
         )
 
     @classmethod
@@ -243,7 +205,6 @@ class AttentionPattern:
             raise ValueError(f"chunk_frames must be >= 1 (frames per causal chunk), got {self.chunk_frames}")
 
         self._check_window(kind)
-        self._check_tiles(kind)
         self._check_radial(kind)
 
     def _check_window(self, kind: PatternKind) -> None:
@@ -264,50 +225,13 @@ class AttentionPattern:
                     "so that every query of a chunk sees the same keys; round it to a whole number of chunks"
                 )
 
-    def _check_tiles(self, kind: PatternKind) -> None:
-        """Validate the tile fields and normalise them to tuples (``tile_window`` may be an int)."""
-        fields = (self.frame_size, self.tile_size, self.tile_window)
-        if kind is PatternKind.RADIAL:
-            return
-        if kind is not PatternKind.TILE:
-            if any(f is not None for f in fields):
-                raise ValueError(
-                    f"frame_size, tile_size and tile_window apply only to tile patterns, not {kind.value}"
-                )
-            return
-        frame_size, tile_size, tile_window = fields
-        if frame_size is None or tile_size is None or tile_window is None:
-            raise ValueError(
-                "a tile pattern needs frame_size, tile_size and tile_window; use AttentionPattern.tiles(...)"
-            )
-        frame_hw = tuple(int(v) for v in frame_size)
-        tiles, window = _as_triple(tile_size, "tile_size"), _as_triple(tile_window, "tile_window")
-        object.__setattr__(self, "frame_size", frame_hw)
-        object.__setattr__(self, "tile_size", tiles)
-        object.__setattr__(self, "tile_window", window)
-        if len(frame_hw) != 2 or min(frame_hw) < 1:
-            raise ValueError(f"frame_size must be a positive (h, w) in tokens, got {frame_hw}")
-        if min(tiles) < 1:
-            raise ValueError(f"tile_size must be a positive (t, h, w), got {tiles}")
-        if min(window) < 0:
-            raise ValueError(f"tile_window must be >= 0 on every axis, got {window}")
-        h, w = frame_hw
-        if self.frame_tokens == 1:  # the field's default: derive it from the frame size
-            object.__setattr__(self, "frame_tokens", h * w)
-        if self.frame_tokens != h * w:
-            raise ValueError(
-                f"frame_tokens={self.frame_tokens} disagrees with frame_size={self.frame_size} "
-                f"(h * w = {h * w}); leave frame_tokens unset for tile patterns"
-            )
-        if self.chunk_frames != 1:
-            raise ValueError("chunk_frames does not apply to tile patterns; leave it at 1")
-
     def _check_radial(self, kind: PatternKind) -> None:
-        radial = (self.frame_times, self.dense_frames, self.band_rows, self.tile_rows)
+        radial = (self.frame_size, self.frame_times, self.dense_frames, self.band_rows, self.tile_rows)
         if kind is not PatternKind.RADIAL:
-            if radial != (None, 0, 0, 0):
+            if radial != (None, None, 0, 0, 0):
                 raise ValueError(
-                    f"frame_times, dense_frames, band_rows and tile_rows apply only to radial patterns, not {kind.value}"
+                    "frame_size, frame_times, dense_frames, band_rows and tile_rows apply only to radial "
+                    f"patterns, not {kind.value}"
                 )
             return
         if self.frame_times is None or self.frame_size is None:
@@ -376,8 +300,6 @@ class AttentionPattern:
         """
         if self.kind is PatternKind.FULL:
             return (q_pos >= 0) & (k_pos >= 0)
-        if self.kind is PatternKind.TILE:
-            return self._tile_visible(q_pos, k_pos)
         if self.kind is PatternKind.RADIAL:
             return self._radial_visible(q_pos, k_pos, _frame_times_on(self._times, q_pos.device))
         q_chunk = q_pos // self.chunk_tokens
@@ -388,18 +310,6 @@ class AttentionPattern:
         in_window = k_frame >= q_chunk * self.chunk_frames - self.window_frames
         is_sink = k_frame < self.sink_frames
         return causal & (in_window | is_sink)
-
-    def _tile_visible(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        h, w = self._hw
-        (tt, th, tw), (rt, rh, rw) = self._tiles
-
-        def tile_coords(pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            in_frame = pos % (h * w)
-            return pos // (h * w) // tt, in_frame // w // th, in_frame % w // tw
-
-        qt, qy, qx = tile_coords(q_pos)
-        kt, ky, kx = tile_coords(k_pos)
-        return ((qt - kt).abs() <= rt) & ((qy - ky).abs() <= rh) & ((qx - kx).abs() <= rw)
 
     def _radial_visible(self, q_pos: torch.Tensor, k_pos: torch.Tensor, times: torch.Tensor) -> torch.Tensor:
         _, w = self._hw
@@ -539,23 +449,12 @@ class AttentionPattern:
         return tiles
 
     def density(self, q_len: int, kv_len: int) -> float:
-        """Fraction of (query, key) pairs that are visible: 1.0 for full, small for sparse patterns.
-
-        Exact for the block-structured and radial kinds; for ``tile`` it is the product of per-axis
-        fractions for the whole-frame part of the sequence (an estimate for odd lengths).
-        """
+        """Fraction of (query, key) pairs that are visible (exact): 1.0 for full, small for sparse patterns."""
         self.check_lengths(q_len, kv_len)
         if self.kind is PatternKind.FULL:
             return 1.0
-        if self.has_key_ranges:
-            seen = sum(
-                (c.query_end - c.query_start) * sum(end - start for start, end in c.key_ranges)
-                for c in self.chunk_key_ranges(q_len, kv_len)
-            )
-            return seen / (q_len * kv_len)
-        frames = max(kv_len // self.frame_tokens, 1)
-        fraction = 1.0
-        for extent, tile, radius in zip((frames, *self._hw), *self._tiles, strict=True):
-            tile_of = torch.arange(extent) // tile
-            fraction *= ((tile_of[:, None] - tile_of[None, :]).abs() <= radius).float().mean().item()
-        return fraction
+        seen = sum(
+            (c.query_end - c.query_start) * sum(end - start for start, end in c.key_ranges)
+            for c in self.chunk_key_ranges(q_len, kv_len)
+        )
+        return seen / (q_len * kv_len)

@@ -58,8 +58,6 @@ CASES = [
         300,
         900,
     ),
-    ("tile-partial-tiles", AttentionPattern.tiles((3, 5), (2, 2, 2), 1), 70, 70),
-    ("tile-suffix", AttentionPattern.tiles((3, 5), (1, 2, 3), (0, 1, 1)), 17, 70),
     ("window-crosses-flex-blocks", AttentionPattern.sliding_window(40, 1, 2, sink_frames=1), 300, 300),
 ]
 CASE_IDS = [c[0] for c in CASES]
@@ -151,7 +149,7 @@ def test_sdpa_picks_blockwise_by_size_and_both_paths_agree(make_qkv):
     assert not backend_sdpa.uses_blockwise(pattern, 512, 512)  # 0.25M pairs: dense
     assert backend_sdpa.uses_blockwise(pattern, 1024, 1024)
     assert not backend_sdpa.uses_blockwise(pattern, 32, 1 << 16)  # one chunk of queries: one call anyway
-    assert not backend_sdpa.uses_blockwise(AttentionPattern.tiles((4, 4), (1, 2, 2), 1), 2048, 2048)
+    assert not backend_sdpa.uses_blockwise(AttentionPattern.full(), 2048, 2048)
     q, k, v = make_qkv(1, 1024, 1024, heads=1)
     auto = dispatch_attention(q, k, v, pattern=pattern, backend="sdpa")
     dense = backend_sdpa.sdpa_attention(q, k, v, pattern, mode="dense")
@@ -205,7 +203,13 @@ def test_scale_is_applied(make_qkv, reference):
         (AttentionPattern.block_causal(50, 1), 300, 300),
         (AttentionPattern.sliding_window(40, 2, 2, sink_frames=2), 200, 700),
         (AttentionPattern.sliding_window(128, 1, 1), 384, 384),  # whole-block chunks: full blocks appear
-        (AttentionPattern.tiles((6, 7), (2, 3, 3), 1), 250, 400),
+        (
+            AttentionPattern.radial(
+                (6, 25), range(6), chunk_frames=2, sink_frames=2, band_rows=1, tile_rows=2
+            ),
+            300,
+            900,
+        ),
     ],
 )
 def test_flex_block_mask_matches_create_block_mask(pattern, q_len, kv_len):
@@ -261,20 +265,15 @@ def test_lru_cache_is_bounded_and_evicts_least_recent():
 
 @st.composite
 def patterns_and_lengths(draw):
-    kind = draw(st.sampled_from(["block_causal", "sliding_window", "tile"]))
-    if kind == "tile":
-        frame = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
-        tile = (draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 3)))
-        pattern = AttentionPattern.tiles(frame, tile, (draw(st.integers(0, 2)), draw(st.integers(0, 1)), 0))
-    else:
-        chunk_frames = draw(st.integers(1, 3))
-        pattern = AttentionPattern(
-            kind=kind,
-            frame_tokens=draw(st.integers(1, 5)),
-            chunk_frames=chunk_frames,
-            window_frames=draw(st.integers(0, 3)) * chunk_frames if kind == "sliding_window" else 0,
-            sink_frames=draw(st.integers(0, 2)) * chunk_frames if kind == "sliding_window" else 0,
-        )
+    kind = draw(st.sampled_from(["block_causal", "sliding_window"]))
+    chunk_frames = draw(st.integers(1, 3))
+    pattern = AttentionPattern(
+        kind=kind,
+        frame_tokens=draw(st.integers(1, 5)),
+        chunk_frames=chunk_frames,
+        window_frames=draw(st.integers(0, 3)) * chunk_frames if kind == "sliding_window" else 0,
+        sink_frames=draw(st.integers(0, 2)) * chunk_frames if kind == "sliding_window" else 0,
+    )
     kv_len = draw(st.integers(1, 70))
     return pattern, draw(st.integers(1, kv_len)), kv_len
 
@@ -299,9 +298,7 @@ def _gpu_backend_ready(module: str) -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_backend_ready("flash_attn"), reason="needs CUDA and flash-attn")
-@pytest.mark.parametrize(
-    ("name", "pattern", "q_len", "kv_len"), [c for c in CASES if c[1].kind.value != "tile"]
-)
+@pytest.mark.parametrize(("name", "pattern", "q_len", "kv_len"), CASES)
 def test_flash_matches_reference(name, pattern, q_len, kv_len, make_qkv, reference):
     q, k, v = (t.cuda().half() for t in make_qkv(1, q_len, kv_len, dim=64))
     out = dispatch_attention(q, k, v, pattern=pattern, backend="flash")

@@ -140,21 +140,18 @@ def test_explicit_flex_with_grad_on_cpu_points_at_sdpa(make_qkv):
         dispatch_attention(q, k, v, pattern=WINDOW, backend="flex")
 
 
-def test_automatic_choice_on_cpu(monkeypatch):
+def test_automatic_choice_on_cpu_is_sdpa(monkeypatch):
     monkeypatch.setenv("VIDGEN_FLEX_COMPILE", "1")
-    tile = AttentionPattern.tiles((16, 16), (1, 4, 4), (1, 0, 0))  # ~5% of keys at 40 frames
+    radial = AttentionPattern.radial((16, 16), range(40), chunk_frames=1, sink_frames=1)
 
     def chosen(pattern, length, grad=False):
         q, k, v = (torch.zeros(1, length, 1, 4, requires_grad=grad) for _ in range(3))
         return select_backend(q, k, v, pattern).name
 
-    assert chosen(tile, 40 * 256) == "flex"  # long, sparse, inference: compiled flex pays
-    assert chosen(tile, 40 * 256, grad=True) == "sdpa"  # training: flex has no CPU backward
-    assert chosen(tile, 4 * 256) == "sdpa"  # short: compiling does not pay
+    # every sparse pattern runs blockwise on sdpa (linear in length, with a backward)
+    assert chosen(radial, 40 * 256) == "sdpa"
     assert chosen(AttentionPattern.full(), 1 << 14) == "sdpa"
-    assert chosen(AttentionPattern.sliding_window(256, 1, 2), 1 << 14) == "sdpa"  # blockwise sdpa is linear
-    monkeypatch.setenv("VIDGEN_FLEX_COMPILE", "0")
-    assert chosen(tile, 40 * 256) == "sdpa"  # eager flex never pays
+    assert chosen(AttentionPattern.sliding_window(256, 1, 2), 1 << 14) == "sdpa"
 
 
 def test_dispatch_runs_the_chosen_backend_and_keeps_the_layout(make_qkv, reference):
@@ -189,9 +186,9 @@ def test_register_a_custom_backend(monkeypatch, make_qkv, reference):
     assert calls == [PatternKind.SLIDING_WINDOW]
     torch.testing.assert_close(out.double(), reference(q, k, v, WINDOW), atol=1e-5, rtol=0)
     with pytest.raises(
-        BackendUnavailableError, match="custom supports patterns full, sliding_window, not tile"
+        BackendUnavailableError, match="custom supports patterns full, sliding_window, not block_causal"
     ):
-        dispatch_attention(q, k, v, pattern=AttentionPattern.tiles((2, 2), (1, 1, 1), 1), backend="custom")
+        dispatch_attention(q, k, v, pattern=AttentionPattern.block_causal(2, 1), backend="custom")
     with pytest.raises(BackendUnavailableError, match="custom supports dtypes float32, not float64"):
         dispatch_attention(q.double(), k.double(), v.double(), backend="custom")
     with pytest.raises(BackendUnavailableError, match="inference only"):

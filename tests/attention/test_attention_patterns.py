@@ -76,35 +76,6 @@ def test_sliding_window_zero_window_is_own_chunk_plus_sinks():
     assert torch.equal(pattern.dense_mask(6, 6), expected)
 
 
-def test_tiles_by_hand():
-    # frames of 1 x 4 tokens, tiles of 1 frame x 1 x 2 tokens; radius 1 in time, 0 in space
-    pattern = AttentionPattern.tiles(frame_size=(1, 4), tile_size=(1, 1, 2), tile_window=(1, 0, 0))
-    expected = as_bool(
-        [
-            "xx..xx..",
-            "xx..xx..",
-            "..xx..xx",
-            "..xx..xx",
-            "xx..xx..",
-            "xx..xx..",
-            "..xx..xx",
-            "..xx..xx",
-        ]
-    )
-    assert torch.equal(pattern.dense_mask(8, 8), expected)
-
-
-def test_tiles_partial_tiles_and_partial_frame():
-    # 3 x 3 frames cut into 2 x 2 tiles: the last row and column form partial tiles
-    pattern = AttentionPattern.tiles(frame_size=(3, 3), tile_size=(1, 2, 2), tile_window=0)
-    mask = pattern.dense_mask(11, 11)  # one whole frame and 2 tokens of the next
-    corner = 8  # (y=2, x=2): alone in its tile within frame 0
-    assert mask[corner].nonzero().flatten().tolist() == [8]
-    assert mask[0].nonzero().flatten().tolist() == [0, 1, 3, 4]  # the top-left 2 x 2 tile
-    assert mask[9].nonzero().flatten().tolist() == [9, 10]  # next frame, partial: only its first tokens exist
-    assert torch.equal(mask, mask.T)  # tile attention is bidirectional
-
-
 def test_full_sees_everything_even_with_more_queries_than_keys():
     assert AttentionPattern.full().dense_mask(5, 3).all()
 
@@ -197,9 +168,6 @@ def test_patterns_are_hashable_values():
     a = AttentionPattern.sliding_window(frame_tokens=4, chunk_frames=2, window_frames=4)
     b = AttentionPattern(kind="sliding_window", frame_tokens=4, chunk_frames=2, window_frames=4)
     assert a == b and hash(a) == hash(b) and b.kind is PatternKind.SLIDING_WINDOW
-    assert AttentionPattern.tiles((2, 3), (1, 1, 1), 1) == AttentionPattern(
-        kind="tile", frame_size=(2, 3), tile_size=(1, 1, 1), tile_window=(1, 1, 1)
-    )
 
 
 @pytest.mark.parametrize(
@@ -212,14 +180,9 @@ def test_patterns_are_hashable_values():
         (lambda: AttentionPattern.block_causal(4, 0), "chunk_frames must be >= 1"),
         (lambda: AttentionPattern(kind="block_causal", window_frames=2), "only to sliding_window"),
         (lambda: AttentionPattern(kind="diagonal"), "unknown pattern kind 'diagonal'"),
-        (
-            lambda: AttentionPattern(kind="tile", frame_size=(2, 2)),
-            "needs frame_size, tile_size and tile_window",
-        ),
-        (lambda: AttentionPattern.tiles((2, 2), (1, 1, 1), -1), "tile_window must be >= 0"),
-        (lambda: AttentionPattern.tiles((2, 2), (1, 0, 1), 1), "tile_size must be a positive"),
-        (lambda: AttentionPattern.tiles((2, 2), (1, 1), 1), "(t, h, w) triple"),
-        (lambda: AttentionPattern(kind="full", tile_size=(1, 1, 1)), "only to tile patterns"),
+        (lambda: AttentionPattern(kind="tile"), "unknown pattern kind 'tile'"),
+        (lambda: AttentionPattern(kind="full", frame_size=(2, 2)), "only to radial patterns, not full"),
+        (lambda: AttentionPattern(kind="radial", frame_size=(2, 2)), "needs frame_size and frame_times"),
     ],
 )
 def test_invalid_patterns_say_what_to_change(build, message):

@@ -61,11 +61,13 @@ def _forward_cases() -> list[dict]:
             ),
         },
         {
-            "name": "tile",
+            "name": "radial",
             "x": latents(4),
             "timestep": torch.tensor([300.0, 30.0]),
             "text": text,
-            "pattern": AttentionPattern.tiles(frame_size=(2, 4), tile_size=(1, 1, 2), tile_window=(1, 1, 0)),
+            "pattern": AttentionPattern.radial(
+                (2, 4), range(4), chunk_frames=1, query_frames=4, dense_frames=0, band_rows=0, tile_rows=1
+            ),
         },
     ]
 
