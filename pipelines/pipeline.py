@@ -35,7 +35,7 @@ from vidgen.pipelines import loading
 from vidgen.pipelines.budget import check_memory
 from vidgen.pipelines.denoiser import Conditioning
 from vidgen.pipelines.lora import LongVideoLoraLoaderMixin
-from vidgen.pipelines.plan import ChunkPlan, ChunkPlanner, GenerationMode, PlannedChunk, PromptChange
+from vidgen.pipelines.plan import ChunkPlan, ChunkPlanner, PlannedChunk, PromptChange
 from vidgen.pipelines.run import ChunkMetrics as ChunkMetrics
 from vidgen.pipelines.run import VideoRun, flow_schedule
 from vidgen.pipelines.run import _chunk_generator as _chunk_generator
@@ -365,7 +365,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             recache_on_prompt_change=d.recache_on_prompt_change,
             recache_every=d.recache_every,
             text_conditioning=self.config.model.text_conditioning,
-            mode=GenerationMode(g.mode),
+            mode=g.mode,
             ar_step=g.ar_step,
             prefix_latents=prefix_latents,
         )
