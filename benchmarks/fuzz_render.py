@@ -124,24 +124,11 @@ def cases() -> list[tuple[str, list, dict[str, bytes]]]:
 
 def saved_request(folder: Path) -> bytes:
     """The request.json ``render a red ball bouncing --seconds 1 --out v.mp4`` writes, seed 3."""
-    request = {
-        "prompt": "a red ball bouncing",
-        "storyboard": None,
-        "seconds": 1.0,
-        "height": None,
-        "width": None,
-        "steps": None,
-        "guidance": None,
-        "model": None,
-        "transformer": None,
-        "lora": None,
-        "config": None,
-        "set": [],
-        "fps": None,
-        "upscale": [1, "nearest"],
-        "seed": 3,
-    }
-    return json.dumps(request).encode()
+    from vidgen.cli import build_parser
+    from vidgen.cli.render import saved_record
+
+    args = build_parser().parse_args(["render", "--prompt", "a red ball bouncing", "--seconds", "1"])
+    return json.dumps(saved_record(args, 3)).encode()
 
 
 def run_case(name: str, argv: list, files: dict[str, bytes], timeout: float) -> tuple[bool, str]:

@@ -22,9 +22,9 @@ time and its video is joined once, so none is lost or made twice.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,26 +37,25 @@ from vidgen.distributed.ray_cluster import (
     place_workers,
     rendezvous_dir,
 )
-from vidgen.distributed.ray_worker import WORK_DIR, PipelineSpec, VideoJob
-from vidgen.distributed.render import check_layout, record_video, start_of, unwrapped
+from vidgen.distributed.ray_worker import WORK_DIR, PipelineSpec
+from vidgen.distributed.render import check_layout, record_video, unwrapped
 from vidgen.distributed.replica import Replica, WorkerLost
+from vidgen.request import GenerationRequest, random_seed, render_record
 from vidgen.validation import (
-    MAX_INT,
     InputError,
-    check_guidance,
-    check_number,
     check_seed,
-    check_text,
     parse_json,
     parse_storyboard,
     read_storyboard,
     read_text_file,
 )
 
-_JOB_KEYS = {
-    *("prompt", "storyboard", "seconds", "seed", "height", "width", "steps", "guidance", "set", "out"),
-    *("image", "continue"),
+_FIELD_KEYS = {
+    **{key: key for key in ("prompt", "storyboard", "seconds", "seed", "height", "width", "image")},
+    **{"num_inference_steps": "steps", "guidance_scale": "guidance", "video": "continue"},
 }
+"""A request's fields as a line of the jobs file names them."""
+_JOB_KEYS = {*_FIELD_KEYS.values(), "set", "out"}
 _PER_VIDEO_TABLES = ("generation.", "drift.")
 MAX_JOBS_BYTES = 16 << 20
 """Largest jobs file read (16 MiB)."""
@@ -67,32 +66,24 @@ class JobDefaults:
     """What a line of a jobs file leaves out, and the settings the whole batch shares (each job's
     ``request.json`` records them, so ``--resume`` can tell a changed batch)."""
 
-    seconds: float = 10.0
-    seed: int | None = None
-    """A line without a seed gets this + its line number (None: a random one)."""
-    height: int | None = None
-    width: int | None = None
-    steps: int | None = None
-    guidance: float | None = None
-    model: str | None = None
-    transformer: str | None = None
-    lora: list[str] | None = None
-    config: str | None = None
-    set: list[str] = field(default_factory=list)
-    """``TABLE.KEY=VALUE`` overrides of the whole batch (a line's own ``set`` comes after)."""
-    fps: int | None = None
-    upscale: int = 1
-    resample: str = "nearest"
+    request: GenerationRequest = field(default_factory=lambda: GenerationRequest(seconds=10.0))
+    """The values a line does not give (no prompt); a line without a seed gets this seed + its
+    line number (None: a random one)."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """What shapes every video besides its request (the pipeline, the upscaling), as ``vidgen
+    render`` records it."""
 
 
 @dataclass
 class BatchJob:
     number: int
     """Line number in the jobs file (1-based)."""
-    job: VideoJob
+    request: GenerationRequest
+    """The video, its seed set and its start file an absolute path."""
     out: Path
-    request: dict[str, Any]
-    """What ``OUT.parts/request.json`` records (the single-process render's format, with the seed)."""
+    record: dict[str, Any]
+    """What ``OUT.parts/request.json`` records (:func:`~vidgen.request.render_record`, as the
+    single-process render writes it)."""
     attempts: int = 0
 
     @property
@@ -188,25 +179,6 @@ def _read_job(line: str, where: str, number: int, defaults: JobDefaults, outs: d
         if not isinstance(board, list) or not all(isinstance(e, list) and len(e) == 2 for e in board):
             raise JobFileError(f'{where}: "storyboard" must be a file or a list of [start, prompt]')
         board = parse_storyboard(json.dumps(board), f'{where}: "storyboard"', toml=False)
-    if "prompt" in entry:
-        check_text(f'{where}: "prompt"', entry["prompt"])
-    seconds = float(
-        check_number(f'{where}: "seconds"', entry.get("seconds", defaults.seconds), positive=True)
-    )
-    for key in ("height", "width", "steps"):
-        if entry.get(key) is not None:
-            check_number(f'{where}: "{key}"', entry[key], integer=True, positive=True, maximum=MAX_INT)
-    if entry.get("guidance") is not None:
-        check_guidance(f'{where}: "guidance"', entry["guidance"])
-    if entry.get("seed") is not None:
-        check_seed(f'{where}: "seed"', entry["seed"])
-    seed = entry.get("seed")
-    if seed is None:
-        seed = (
-            (defaults.seed + number)
-            if defaults.seed is not None
-            else int(time.time() * 1000 + number) % (2**31 - 1)
-        )
     job_set = entry.get("set", [])
     if not isinstance(job_set, list) or not all(isinstance(s, str) for s in job_set):
         raise JobFileError(f'{where}: "set" must be a list of "table.key=value" strings')
@@ -224,37 +196,29 @@ def _read_job(line: str, where: str, number: int, defaults: JobDefaults, outs: d
         read_start(image, clip)
     except InputError as err:
         raise JobFileError(f"{where}: {err}") from None
-    job = VideoJob(
+    d = defaults.request
+    request = dataclasses.replace(
+        d,
         prompt=entry.get("prompt"),
         storyboard=board,
-        seconds=seconds,
-        height=entry.get("height", defaults.height),
-        width=entry.get("width", defaults.width),
-        num_inference_steps=entry.get("steps", defaults.steps),
-        guidance_scale=entry.get("guidance", defaults.guidance),
-        seed=int(seed),
-        overrides=overrides,
-        **start_of(image, clip),
+        seconds=entry.get("seconds", d.seconds),
+        height=entry.get("height", d.height),
+        width=entry.get("width", d.width),
+        num_inference_steps=entry.get("steps", d.num_inference_steps),
+        guidance_scale=entry.get("guidance", d.guidance_scale),
+        overrides={**d.overrides, **overrides},
+        image=image,
+        video=clip,
     )
-    request = {
-        "prompt": job.prompt,
-        "storyboard": board,
-        "seconds": seconds,
-        "height": job.height,
-        "width": job.width,
-        "steps": job.num_inference_steps,
-        "guidance": job.guidance_scale,
-        "model": defaults.model,
-        "transformer": defaults.transformer,
-        "lora": defaults.lora,
-        "config": defaults.config,
-        "set": list(defaults.set) + job_set,
-        "fps": defaults.fps,
-        "upscale": [defaults.upscale, defaults.resample],
-        "seed": job.seed,
-        **({"image": job.image, "video": job.video} if job.include_input else {}),
-    }
-    return BatchJob(number, job, out, request)
+    names = {field: f'{where}: "{key}"' for field, key in _FIELD_KEYS.items()}
+    request.validate(names)
+    if request.seconds is None:
+        raise JobFileError(f'{where}: "seconds" is missing: give the video\'s length')
+    seed = entry.get("seed")
+    if seed is None:
+        seed = (d.seed + number) if d.seed is not None else random_seed(number)
+    request = dataclasses.replace(request, seed=check_seed(names["seed"], seed)).with_absolute_paths()
+    return BatchJob(number, request, out, render_record(request, **defaults.settings))
 
 
 def _prepare(job: BatchJob, resume: bool) -> str | None:
@@ -268,9 +232,11 @@ def _prepare(job: BatchJob, resume: bool) -> str | None:
             )
         saved_file = parts / "request.json"
         if saved_file.is_file():
-            saved = json.loads(saved_file.read_text())
-            saved["storyboard"] = [tuple(e) for e in saved["storyboard"]] if saved.get("storyboard") else None
-            if saved != job.request:
+            try:
+                saved = json.loads(saved_file.read_text())
+            except ValueError:
+                saved = None
+            if saved != job.record:
                 raise JobFileError(f"line {job.number}: --resume, but the job differs from {saved_file}")
             return None
     elif resume and job.out.is_file():
@@ -281,7 +247,7 @@ def _prepare(job: BatchJob, resume: bool) -> str | None:
 def _write_request(job: BatchJob) -> None:
     if not (job.parts / "request.json").is_file():
         job.parts.mkdir(parents=True, exist_ok=True)
-        (job.parts / "request.json").write_text(json.dumps(job.request))
+        (job.parts / "request.json").write_text(json.dumps(job.record))
 
 
 def run_batch(
@@ -341,13 +307,11 @@ def run_batch(
             batch_job.attempts += 1
             worked_on = outcomes_by_job.setdefault(batch_job.number, [])
             worked_on.append(replica.index)
-            job = batch_job.job
-            job.num_frames = round(job.seconds * replica.fps)
             emit(BatchEvent("start", batch_job, replica, recorded=_recorded_chunks(batch_job.parts)))
             try:
                 result = record_video(
                     replica,
-                    job,
+                    batch_job.request,
                     batch_job.parts,
                     batch_job.out,
                     max_restarts=0,

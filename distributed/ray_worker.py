@@ -17,10 +17,11 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vidgen.request import GenerationRequest
 from vidgen.validation import InputError
 
 WORK_DIR = "ray"
@@ -72,37 +73,6 @@ class PipelineSpec:
         from vidgen.pipelines import LongVideoPipeline
 
         return LongVideoPipeline.from_pretrained(self.model, config=self.config, **self.overrides)
-
-
-@dataclass
-class VideoJob:
-    """One video: the arguments of ``pipe.stream`` that the render CLI and the batch file set."""
-
-    prompt: str | None = None
-    storyboard: list[tuple[float, str]] | None = None
-    num_frames: int | None = None
-    seconds: float | None = None
-    height: int | None = None
-    width: int | None = None
-    num_inference_steps: int | None = None
-    guidance_scale: float | None = None
-    seed: int = 0
-    overrides: dict[str, Any] = field(default_factory=dict)
-    """Per-video ``"table.key": value`` overrides (``pipe.stream(overrides=...)``)."""
-    image: str | None = None
-    """Image-to-video: an image file the video starts from (read by the worker)."""
-    video: str | None = None
-    """Continuation: a video file continued (read by the worker)."""
-    include_input: bool = False
-    """The video opens with the given frames (``pipe.stream(include_input=...)``)."""
-
-    def stream_kwargs(self) -> dict[str, Any]:
-        kwargs = asdict(self)
-        kwargs["generator"] = kwargs.pop("seed")
-        kwargs["overrides"] = kwargs["overrides"] or None
-        if kwargs["storyboard"] is not None:
-            kwargs["storyboard"] = [tuple(entry) for entry in kwargs["storyboard"]]
-        return kwargs
 
 
 def snapshot_path(work_dir: str | os.PathLike, chunk_index: int, rank: int | str = 0) -> Path:
@@ -199,13 +169,13 @@ class PipelineWorker:
 
     def stream(
         self,
-        job: VideoJob,
+        request: GenerationRequest,
         work_dir: str,
         start_states: list[str] | None = None,
         skip_through: int = -1,
         decode: bool = True,
     ) -> Iterator[Any]:
-        """Yield the job's :class:`VideoChunk` s after chunk ``skip_through``.
+        """Yield the :class:`VideoChunk` s of ``request`` (its seed set) after chunk ``skip_through``.
 
         ``start_states``: one saved state per rank to resume from (the chunks they hold are not
         made again). Chunks between a state and ``skip_through`` (all of them, without a state) are
@@ -223,8 +193,9 @@ class PipelineWorker:
             link_atomically(start_states[self.rank], state)
         else:
             state.unlink(missing_ok=True)
-        kwargs = {**job.stream_kwargs(), "state_path": state, "resume": resume, "decode": decode}
-        config = self.pipe.config.replace(**job.overrides) if job.overrides else self.pipe.config
+        kwargs = {**request.stream_kwargs(), "state_path": state, "resume": resume, "decode": decode}
+        overrides = request.config_overrides()
+        config = self.pipe.config.replace(**overrides) if overrides else self.pipe.config
         chunk_frames = config.generation.chunk_frames
         if self.group is None:
             chunks = self.pipe.stream(**kwargs)

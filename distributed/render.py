@@ -21,10 +21,11 @@ the ranks' states, so either side can die and the video still resumes seamlessly
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +39,13 @@ from vidgen.distributed.ray_cluster import (
 from vidgen.distributed.ray_worker import (
     WORK_DIR,
     PipelineSpec,
-    VideoJob,
     link_atomically,
     saved_chunk_index,
     sequence_parallel_module,
     snapshots,
 )
 from vidgen.distributed.replica import Replica, WorkerLost
+from vidgen.request import GenerationRequest, random_seed, render_record
 from vidgen.validation import InputError
 
 STATE_FILE = "state.safetensors"
@@ -98,7 +99,7 @@ def _publish_state(parts: Path, last_recorded: int, ranks: int, decoder: bool) -
 
 def record_video(
     replica: Replica,
-    job: VideoJob,
+    request: GenerationRequest,
     parts: Path,
     out: Path,
     *,
@@ -107,7 +108,7 @@ def record_video(
     on_restart: Callable[[Replica, Exception], None] | None = None,
     upscale: Any = None,
 ) -> RecordResult:
-    """Make ``job`` on ``replica`` into the recording ``parts`` and join it to ``out``.
+    """Make ``request`` (its seed set) on ``replica`` into the recording ``parts`` and join it to ``out``.
 
     A :class:`WorkerLost` restarts the replica and continues after the last recorded chunk (at
     most ``max_restarts`` times). Chunks already recorded are never recorded again. ``upscale``:
@@ -123,7 +124,7 @@ def record_video(
         split = replica.decoder is not None
         start_states, skip_through = resume_point(parts, last, replica.sp, split)
         try:
-            for chunk in replica.stream(job, parts / WORK_DIR, start_states, skip_through):
+            for chunk in replica.stream(request, parts / WORK_DIR, start_states, skip_through):
                 if chunk.index <= last:
                     continue
                 recording.append(chunk.index, chunk.frames)
@@ -144,14 +145,6 @@ def record_video(
     chunks = len(recording.completed_chunks())
     shutil.rmtree(parts, ignore_errors=True)
     return RecordResult(frames=frames, chunks=chunks, restarts=restarts)
-
-
-def start_of(image: str | None, video: str | None) -> dict[str, Any]:
-    """VideoJob fields for ``--image`` / ``--continue`` (absolute paths: workers may run elsewhere)."""
-    if not (image or video):
-        return {}
-    absolute = {k: str(Path(v).resolve()) for k, v in (("image", image), ("video", video)) if v}
-    return {**absolute, "include_input": True}
 
 
 def check_layout(sp: int, replicas: int) -> RayParallelism:
@@ -186,7 +179,7 @@ class RayRenderStart:
 
 
 def render_on_ray(
-    job: VideoJob,
+    request: GenerationRequest,
     out: str | Path,
     *,
     spec: PipelineSpec | None = None,
@@ -194,19 +187,20 @@ def render_on_ray(
     decode_worker: bool = False,
     address: str | None = None,
     upscale: Any = None,
-    request: dict[str, Any] | None = None,
+    record: dict[str, Any] | None = None,
     on_start: Callable[[RayRenderStart], None] | None = None,
     on_chunk: Callable[[Any, float], None] | None = None,
     on_restart: Callable[[Exception], None] | None = None,
     max_restarts: int = 3,
 ) -> RecordResult:
-    """Render ``job`` on one replica of ``sp`` Ray workers into the MP4 ``out``.
+    """Render ``request`` on one replica of ``sp`` Ray workers into the MP4 ``out``.
 
     The video is recorded in ``OUT.parts/`` as it is made (a render found there is continued, so
-    an interrupted one is finished by calling this again); ``request`` is what that folder's
-    ``request.json`` records (a render's arguments, for a later ``--resume`` to compare). ``spec``:
-    the pipeline every worker loads (default: the embedded model). ``job.num_frames`` is set from
-    ``job.seconds`` at the model's frame rate. ``decode_worker``: one more worker decodes while
+    an interrupted one is finished by calling this again); ``record`` is what that folder's
+    ``request.json`` records (:func:`~vidgen.request.render_record`, for a later ``--resume`` to
+    compare; default: the request alone). A request without a seed gets a random one; its start
+    file is read by the workers by its absolute path. ``spec``: the pipeline every worker loads
+    (default: the embedded model). ``decode_worker``: one more worker decodes while
     the ranks denoise the next chunk. ``address``: the cluster to join (default ``RAY_ADDRESS``,
     else a local one, shut down at the end). ``on_chunk(chunk, real_time_factor)`` is called for
     every chunk recorded, ``on_restart(error)`` when a lost worker is replaced.
@@ -217,7 +211,10 @@ def render_on_ray(
     """
     out = Path(out)
     parts = out.with_name(out.name + ".parts")
-    if decode_worker and job.include_input:
+    request = request.validate().with_absolute_paths()
+    if request.seed is None:  # every rank, and a restarted one, must draw the same noise
+        request = dataclasses.replace(request, seed=random_seed())
+    if decode_worker and request.start is not None:
         raise DegreeError("--image / --continue need the frames decoded by the ranks: drop --decode-worker")
     layout = check_layout(sp, 1)
     started = connect(address)
@@ -235,21 +232,20 @@ def render_on_ray(
         )
         replica.start()
         fps = replica.fps
-        job.num_frames = round(job.seconds * fps)
         from vidgen.video import SegmentedRecording
 
         if not (parts / "request.json").is_file():
             parts.mkdir(parents=True, exist_ok=True)
-            (parts / "request.json").write_text(json.dumps(request if request is not None else asdict(job)))
+            saved = record if record is not None else render_record(request)
+            (parts / "request.json").write_text(json.dumps(saved))
         recorded = SegmentedRecording(parts, fps=fps, upscale=upscale).num_frames()
         if on_start is not None:
-            on_start(
-                RayRenderStart(started, fps, job.num_frames, recorded, layout, placement.gpu, decode_worker)
-            )
+            frames = request.num_frames(request.fps or fps) or 0
+            on_start(RayRenderStart(started, fps, frames, recorded, layout, placement.gpu, decode_worker))
         rate = _RealTime(fps)
         return record_video(
             replica,
-            job,
+            request,
             parts,
             out,
             max_restarts=max_restarts,

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from vidgen.distributed.ray_cluster import WorkerPlacement, file_init_method
-from vidgen.distributed.ray_worker import PipelineSpec, VideoJob, worker_class, worker_env
+from vidgen.distributed.ray_worker import PipelineSpec, worker_class, worker_env
+from vidgen.request import GenerationRequest
 
 BACKPRESSURE_CHUNKS = 2
 """Chunks a worker may run ahead of the driver (bounds memory and wasted work after a failure)."""
@@ -105,9 +106,13 @@ class Replica:
         self.start()
 
     def stream(
-        self, job: VideoJob, work_dir: str | Path, start_states: list[str] | None, skip_through: int
+        self,
+        request: GenerationRequest,
+        work_dir: str | Path,
+        start_states: list[str] | None,
+        skip_through: int,
     ) -> Iterator[Any]:
-        """Rank 0's chunks of ``job`` after ``skip_through`` (see ``PipelineWorker.stream``).
+        """Rank 0's chunks of ``request`` after ``skip_through`` (see ``PipelineWorker.stream``).
 
         ``start_states``: one per rank, then the decode worker's when there is one. With a decode
         worker the ranks send latents; each chunk is decoded there while the ranks make the next,
@@ -121,11 +126,12 @@ class Replica:
             start_states = start_states[:-1] if start_states else None
         streams = [
             w.stream.options(_generator_backpressure_num_objects=BACKPRESSURE_CHUNKS).remote(
-                job, str(work_dir), start_states, -1 if split else skip_through, not split
+                request, str(work_dir), start_states, -1 if split else skip_through, not split
             )
             for w in self.workers
         ]
         leader = streams[0]
+        num_frames = request.num_frames(request.fps or self.fps)
         pending: list[Any] = list(streams)
         decoding: collections.deque[tuple[Any, Any]] = collections.deque()  # (chunk, frames ref), in order
         while pending or decoding:
@@ -156,7 +162,7 @@ class Replica:
                     yield value
                     continue
                 chunk, latent_start = value
-                keep = job.num_frames - chunk.frame_start if job.num_frames is not None else None
+                keep = num_frames - chunk.frame_start if num_frames is not None else None
                 decoding.append(
                     (chunk, self.decoder.decode.remote(chunk.latents, latent_start, chunk.index, keep))
                 )

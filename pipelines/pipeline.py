@@ -35,13 +35,14 @@ from vidgen.pipelines import loading
 from vidgen.pipelines.budget import check_memory
 from vidgen.pipelines.denoiser import Conditioning
 from vidgen.pipelines.lora import LongVideoLoraLoaderMixin
-from vidgen.pipelines.plan import ChunkPlan, ChunkPlanner, GenerationMode, PlannedChunk, PromptChange
+from vidgen.pipelines.plan import ChunkPlan, ChunkPlanner, PlannedChunk, PromptChange
 from vidgen.pipelines.run import ChunkMetrics as ChunkMetrics
 from vidgen.pipelines.run import VideoRun, flow_schedule
 from vidgen.pipelines.run import _chunk_generator as _chunk_generator
 from vidgen.pipelines.run import autocast_dtype as autocast_dtype
 from vidgen.pipelines.run import decode_to_frames as decode_to_frames
 from vidgen.pipelines.vae_stream import encode_video, spatial_factor, temporal_factor
+from vidgen.request import prompt_changes
 from vidgen.validation import InputError, check_guidance, check_number, check_seed, check_text
 
 Storyboard = list[tuple[float, str]]
@@ -285,38 +286,14 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         """The storyboard as prompt changes and the length in frames (None: no end); every number
         finite and within the config's limits, else :class:`InputError`."""
         config = config or self.config
-        if (prompt is None) == (storyboard is None):
-            raise InputError("pass exactly one of prompt= or storyboard=")
-        if storyboard is None:
-            storyboard = [(0.0, check_text("prompt", prompt))]
-        elif not isinstance(storyboard, (list, tuple)) or not storyboard:
-            raise InputError("storyboard= must be a non-empty list of (start_seconds, prompt)")
-        changes: list[PromptChange] = []
-        for i, entry in enumerate(storyboard):
-            if not isinstance(entry, (list, tuple)) or len(entry) != 2:
-                raise InputError(f"storyboard entry {i} must be (start_seconds, prompt), got {entry!r}")
-            start = float(check_number(f"storyboard entry {i} start", entry[0], minimum=0))
+        changes = []
+        for i, (start, text) in enumerate(prompt_changes(prompt, storyboard)):
             if start > config.generation.max_seconds:
                 raise InputError(
                     f"storyboard entry {i} starts at {start:g} s, after the longest video "
                     f"(generation.max_seconds = {config.generation.max_seconds:g})"
                 )
-            text = check_text(f"storyboard entry {i} prompt", entry[1])
-            if not text.strip():
-                raise InputError(
-                    "the prompt is empty"
-                    if prompt is not None
-                    else f"storyboard entry {i} has an empty prompt"
-                )
-            if changes and start <= changes[-1].start_seconds:
-                raise InputError(
-                    f"storyboard times must increase: entry {i} starts at {start} s after {changes[-1].start_seconds} s"
-                )
-            changes.append(PromptChange(start, text.strip()))
-        if changes[0].start_seconds != 0:
-            raise InputError(
-                f"a storyboard starts at 0 s, the first entry starts at {changes[0].start_seconds} s"
-            )
+            changes.append(PromptChange(start, text))
         g = config.generation
         if num_frames is None and seconds is not None:
             seconds = check_number("seconds", seconds, positive=True)
@@ -365,7 +342,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             recache_on_prompt_change=d.recache_on_prompt_change,
             recache_every=d.recache_every,
             text_conditioning=self.config.model.text_conditioning,
-            mode=GenerationMode(g.mode),
+            mode=g.mode,
             ar_step=g.ar_step,
             prefix_latents=prefix_latents,
         )
@@ -388,6 +365,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         planner, num_frames, height, width = self._checked_planner(
             prompt, storyboard, num_frames, seconds, height, width, num_inference_steps, seed, guidance_scale
         )
+        assert num_frames is not None  # a plan needs a length: _checked_planner says so
         return ChunkPlan(
             chunks=list(planner.chunks(num_frames)),
             num_frames=num_frames,
@@ -410,30 +388,45 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         num_inference_steps: int | None = None,
         seed: int | None = None,
         guidance_scale: float | None = None,
+        negative_prompt: str | None = None,
+        generator: torch.Generator | int | None = None,
+        overrides: dict[str, Any] | None = None,
+        image: Any = None,
+        video: Any = None,
+        include_input: bool = False,
     ) -> ChunkPlanner:
-        """What :meth:`plan` checks, without laying out a chunk: an hour-long request costs what a
-        second does. Returns the request's (lazy) planner; raises :class:`InputError` as ``plan``."""
-        planner, *_ = self._checked_planner(
-            prompt, storyboard, num_frames, seconds, height, width, num_inference_steps, seed, guidance_scale
-        )
+        """What :meth:`stream` and :meth:`plan` check, without laying out a chunk: an hour-long
+        request costs what a second does, and no length (``stream`` until stopped) is allowed.
+        Takes ``stream``'s request arguments (``GenerationRequest.stream_kwargs()``); the start
+        frames (``image``, ``video``, ``include_input``) are read by ``stream``, not here. Returns
+        the request's (lazy) planner; raises :class:`InputError` as ``plan``."""
+        if isinstance(generator, int):
+            seed = seed_of(generator)
+        config = self.config.replace(**overrides) if overrides else self.config
+        if negative_prompt is not None:
+            check_text("negative_prompt", negative_prompt)
+        request = (prompt, storyboard, num_frames, seconds, height, width, num_inference_steps, seed)
+        planner, *_ = self._checked_planner(*request, guidance_scale, config, need_length=False)
         return planner
 
     def _checked_planner(
-        self, prompt, storyboard, num_frames, seconds, height, width, steps, seed, guidance_scale
-    ) -> tuple[ChunkPlanner, int, int, int]:
-        g = self.config.generation
+        self, prompt, storyboard, num_frames, seconds, height, width, steps, seed, guidance_scale,
+        config: VidgenConfig | None = None, need_length: bool = True,
+    ) -> tuple[ChunkPlanner, int | None, int, int]:  # fmt: skip
+        config = config or self.config
+        g = config.generation
         height, width = _size(height, g.height, "height"), _size(width, g.width, "width")
         self.latent_size(height, width)
         changes, num_frames = self._check_request(
-            prompt, storyboard, num_frames, seconds, g.fps, steps=steps, guidance=guidance_scale
+            prompt, storyboard, num_frames, seconds, g.fps, config, steps=steps, guidance=guidance_scale
         )
-        if num_frames is None:
+        if num_frames is None and need_length:
             raise InputError("a plan needs num_frames= or seconds=")
         if seed is not None:
             check_seed("seed", seed)
         guidance = g.guidance_scale if guidance_scale is None else guidance_scale
-        check_memory(self, self.config, height, width, guidance)
-        planner = self._planner(self.config, changes, steps or g.num_inference_steps)
+        check_memory(self, config, height, width, guidance)
+        planner = self._planner(config, changes, steps or g.num_inference_steps)
         return planner, num_frames, height, width
 
     # ------------------------------------------------------------------ streaming

@@ -17,12 +17,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+from vidgen.config import GenerationMode
 from vidgen.pipelines.vae_stream import frames_of_latents
-
-
-class GenerationMode(str, Enum):
-    CHUNKWISE = "chunkwise"
-    DIFFUSION_FORCING = "diffusion_forcing"
 
 
 class DriftAction(str, Enum):

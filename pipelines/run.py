@@ -31,7 +31,7 @@ from vidgen.models import KVCache
 from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning, context_groups
 from vidgen.pipelines.drift import DriftMeasures, DriftMonitor, StatsAnchor
 from vidgen.pipelines.plan import ChunkPlanner, DriftAction, GenerationMode, PlannedChunk
-from vidgen.pipelines.scheduler import FlowSchedule, SamplerKind
+from vidgen.pipelines.scheduler import FlowSchedule
 from vidgen.pipelines.vae_stream import spatial_factor, streaming_decoder, video_to_uint8
 from vidgen.validation import InputError
 
@@ -84,7 +84,7 @@ def _randn(shape, generator: torch.Generator, device: torch.device) -> torch.Ten
 def flow_schedule(g: GenerationConfig, steps: int) -> FlowSchedule:
     """The sampler's schedule: the config's explicit timesteps, or ``steps`` shifted uniform levels."""
     try:
-        return FlowSchedule(steps, g.shift, SamplerKind(g.sampler), tuple(g.timesteps))
+        return FlowSchedule(steps, g.shift, g.sampler, tuple(g.timesteps))
     except ValueError as err:
         raise InputError(str(err)) from None
 

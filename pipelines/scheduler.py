@@ -4,25 +4,21 @@ Noising: ``x_sigma = (1 - sigma) * x_0 + sigma * noise`` with sigma in [0, 1]; t
 ``timestep = 1000 * sigma`` and predicts the velocity ``noise - x_0``. A shift ``s`` spends more
 steps at high noise: ``sigma' = s * sigma / (1 + (s - 1) * sigma)`` (Wan uses 3-5).
 
-Samplers (a ``str`` enum): ``euler`` integrates the flow; ``x0_renoise`` predicts the clean sample
-at each step and re-noises it to the next level with fresh noise (the few-step sampler of CausVid
-and Self Forcing, for distilled models).
+Samplers (:class:`~vidgen.config.SamplerKind`, the config's ``generation.sampler``): ``euler``
+integrates the flow; ``x0_renoise`` predicts the clean sample at each step and re-noises it to the
+next level with fresh noise (the few-step sampler of CausVid and Self Forcing, for distilled models).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import TypeVar
 
 import torch
 
+from vidgen.config import SamplerKind
+
 NUM_TRAIN_TIMESTEPS = 1000
-
-
-class SamplerKind(str, Enum):
-    EULER = "euler"
-    X0_RENOISE = "x0_renoise"
 
 
 def shift_sigma(sigma: torch.Tensor | float, shift: float) -> torch.Tensor | float:

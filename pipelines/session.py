@@ -1,9 +1,24 @@
 """Generation sessions: the interface a front end (the Gradio page, a server) drives.
 
-A session is one video being generated for one client: it is opened with a request, its chunks are
-pulled as they are made, its prompt can be changed while it runs, and stopping it frees its KV
-cache. :class:`LocalSessions` runs sessions on a pipeline in this process; the Ray backend in
-``vidgen.distributed`` implements the same methods on Ray Serve replicas.
+A session is one video being generated for one client: it is opened with a
+:class:`~vidgen.request.GenerationRequest`, its chunks are pulled as they are made, its prompt can
+be changed while it runs, it can be made longer, and stopping it frees its KV cache.
+:class:`SessionManager` holds the sessions of one pipeline: the page's local backend uses it in
+this process, and each Ray Serve replica (``vidgen.serving``) wraps one, which ``RaySessions``
+drives through the same :class:`SessionBackend` methods.
+
+Its stream runs without end on the pipeline; a session hands out frames up to its current length
+(``seconds``) and keeps the rest of a cut chunk, so a session that is extended continues exactly
+where it stopped, with the frames an uninterrupted video would have.
+
+Persistence (``persist_dir``): each session keeps ``<persist_dir>/<session id>/session.json`` (a
+:class:`SessionRecord`: the request, the storyboard with the prompt changes made so far, frames
+delivered) and the pipeline's state file. An idle session is evicted after ``idle_timeout_s``:
+its stream is ended so that the pipeline saves the state after the last chunk delivered, and its
+memory is freed. A later request for it restores the stream from that state (in this process or
+another one) and goes on seamlessly. The pipeline saves its state after every chunk, so a session
+also survives a crash (it then makes its last chunk again, and hands out only the frames not yet
+delivered). Without ``persist_dir`` an evicted session is gone.
 
 :class:`ModelInfo` says what requests a backend's model accepts (frame rate, sizes, config
 defaults), so a front end can check a request and lay out its controls before opening a session.
@@ -13,41 +28,21 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
+import json
+import shutil
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from vidgen.config import ConfigError, VidgenConfig
 from vidgen.pipelines.pipeline import InputError, LongVideoPipeline, StreamControl, VideoChunk
 from vidgen.pipelines.vae_stream import spatial_factor
-
-
-@dataclass
-class GenerationRequest:
-    prompt: str | None = None
-    storyboard: list[tuple[float, str]] | None = None
-    seconds: float | None = None
-    """None: until stopped."""
-    height: int | None = None
-    width: int | None = None
-    num_inference_steps: int | None = None
-    guidance_scale: float | None = None
-    seed: int | None = None
-    overrides: dict[str, Any] = field(default_factory=dict)
-    """``"table.key": value`` config changes for this video (window, sinks, drift, backend)."""
-    image: str | None = None
-    """Image-to-video: an image file (readable where the session runs) the video starts from."""
-    video: str | None = None
-    """Continuation: a video file continued; the session's video opens with its frames, and
-    ``seconds`` counts the frames made after them."""
-
-    def stream_input(self) -> dict[str, Any]:
-        """``pipe.stream`` arguments for the start frames (none without ``image`` / ``video``)."""
-        if not (self.image or self.video):
-            return {}
-        return {"image": self.image, "video": self.video, "include_input": True}
+from vidgen.request import GenerationRequest, prompt_changes
 
 
 class SessionBackend(Protocol):
@@ -58,6 +53,8 @@ class SessionBackend(Protocol):
     def change_prompt(self, session_id: str, prompt: str) -> None: ...
 
     def stop(self, session_id: str) -> None: ...
+
+    def extend(self, session_id: str, seconds: float) -> None: ...
 
 
 class SessionNotFound(KeyError):
@@ -129,25 +126,92 @@ class ModelInfo:
 
 
 @dataclass
-class _Session:
+class SessionRecord:
+    """What makes a session's video again from a saved state (``session.json``)."""
+
     request: GenerationRequest
-    control: StreamControl
+    """The request, its seed set."""
+    storyboard: list[tuple[float, str]]
+    """The request's storyboard (or prompt at 0 s) plus every prompt change made while it ran."""
+    limit_frames: int | None
+    """Frames the session may hand out (None: no end); ``extend`` raises it."""
+    delivered: int = 0
+    """Frames handed out so far."""
+    pending_prompt: str | None = None
+    """A prompt change asked for that applies from the next chunk made."""
+    opening_frames: int = 0
+    """Given frames the video opens with (``image`` / ``video``); prompt times count after them."""
+
+    FORMAT = 2
+    """Layout of ``session.json`` (a file of another layout is not restored)."""
+
+    def save(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        data = {**dataclasses.asdict(self), "format": self.FORMAT, "request": self.request.to_dict()}
+        temp = folder / "session.json.tmp"
+        temp.write_text(json.dumps(data))
+        temp.replace(folder / "session.json")
+
+    @classmethod
+    def load(cls, folder: Path) -> SessionRecord | None:
+        """The record saved in ``folder``; None when there is none this version can read."""
+        try:
+            data = json.loads((folder / "session.json").read_text())
+            if data.pop("format", None) != cls.FORMAT:
+                return None
+            data["request"] = GenerationRequest.from_dict(data["request"])
+            data["storyboard"] = [(float(t), str(p)) for t, p in data["storyboard"]]
+            return cls(**data)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+@dataclass
+class _Live:
+    record: SessionRecord
     stream: Iterator[VideoChunk]
+    control: StreamControl
     context: contextvars.Context
     """Every step of the stream runs in this one context: the pipeline sets context variables
     (the attention backend) around its loop, and a server steps the generator from worker threads
     that each bring their own context."""
+    fps: int
+    frame_end: int = 0
+    """End of the last chunk the stream made (a prompt change applies from there)."""
+    carry: VideoChunk | None = None
+    """The part of a chunk beyond the session's length, handed out if it is extended."""
+    stopped: bool = False
     pulling: bool = False
-    """A consumer is iterating :meth:`LocalSessions.chunks`; it closes the stream when done."""
+    """A consumer is reading the session's chunks; it closes a stopped session when done."""
+    last_active: float = field(default_factory=time.monotonic)
 
 
-class LocalSessions:
-    """Sessions on one in-process pipeline; each session's cache is its own."""
+class SessionManager:
+    """The sessions of one pipeline, each with its own KV cache (the :class:`SessionBackend` of
+    the page's local backend, and what each Ray Serve replica wraps).
 
-    def __init__(self, pipe: LongVideoPipeline) -> None:
+    :meth:`chunks` reads a session; :meth:`next_chunk` is its step (a server that steps sessions
+    on one compute thread calls it, with :meth:`begin_read` / :meth:`end_read` around). A session
+    stays until it is stopped or evicted, so that it can be extended; an idle one is evicted when
+    another opens, or by a server's own timer (:meth:`idle`, :meth:`evict`).
+    """
+
+    def __init__(
+        self,
+        pipe: LongVideoPipeline,
+        *,
+        persist_dir: str | Path | None = None,
+        idle_timeout_s: float = 600.0,
+        new_id: Callable[[], str] | None = None,
+    ) -> None:
         self.pipe = pipe
-        self._sessions: dict[str, _Session] = {}
-        self._lock = threading.Lock()
+        self.persist_dir = Path(persist_dir) if persist_dir else None
+        self.idle_timeout_s = idle_timeout_s
+        self.new_id = new_id or (lambda: uuid.uuid4().hex)
+        self.sessions: dict[str, _Live] = {}
+        self.lock = threading.Lock()
+        self.evicted = 0
+        self.restored = 0
         self._info: ModelInfo | None = None
 
     @property
@@ -156,97 +220,275 @@ class LocalSessions:
             self._info = ModelInfo.from_pipeline(self.pipe)
         return self._info
 
-    def open(self, request: GenerationRequest) -> str:
-        session_id = uuid.uuid4().hex
-        control = StreamControl()
-        stream = self.pipe.stream(
-            request.prompt,
-            storyboard=request.storyboard,
-            seconds=request.seconds,
-            height=request.height,
-            width=request.width,
-            num_inference_steps=request.num_inference_steps,
-            guidance_scale=request.guidance_scale,
-            generator=request.seed,
-            control=control,
-            overrides=request.overrides or None,
-            **request.stream_input(),
-        )
-        with self._lock:
-            self._sessions[session_id] = _Session(request, control, stream, contextvars.copy_context())
-        return session_id
-
-    def _get(self, session_id: str) -> _Session:
-        with self._lock:
-            if session_id not in self._sessions:
-                raise SessionNotFound(session_id)
-            return self._sessions[session_id]
-
-    def chunks(self, session_id: str) -> Iterator[VideoChunk]:
-        """The session's chunks as they are made; the session is closed (its cache freed) when
-        they end, when one fails, or when the iterator is closed, even before its first chunk."""
-        with self._lock:
-            session = self._sessions.get(session_id)
-            if session is None:
-                raise SessionNotFound(session_id)
-            if session.pulling:
-                raise RuntimeError(f"session {session_id} is already being read")
-            session.pulling = True
-        return _Reader(self, session_id, session)
-
-    def change_prompt(self, session_id: str, prompt: str) -> None:
-        self._get(session_id).control.change_prompt(prompt)
-
-    def stop(self, session_id: str) -> None:
-        """Ends the session before its next chunk. A session nobody reads is closed at once; one
-        being read is closed by its reader, which sees the stream end."""
-        with self._lock:
-            session = self._sessions.get(session_id)
-            if session is None:
-                return
-            session.control.stop()
-            if session.pulling:
-                return
-            del self._sessions[session_id]
-        session.context.run(_close, session.stream)
-
-    def _close(self, session_id: str) -> None:
-        with self._lock:
-            session = self._sessions.pop(session_id, None)
-        if session is not None:
-            session.context.run(_close, session.stream)  # drops the generator's frame: the KV cache is freed
-
     @property
     def active(self) -> int:
-        with self._lock:
-            return len(self._sessions)
+        """Sessions live in memory."""
+        with self.lock:
+            return len(self.sessions)
+
+    # ------------------------------------------------------------------ opening
+    def open(self, request: GenerationRequest) -> str:
+        """Start a session (its first chunk is made when it is first read). A request that cannot
+        run raises :class:`InputError` here, not at the first chunk."""
+        for idle in self.idle():
+            self.evict(idle)
+        request.validate()
+        overrides = request.config_overrides()
+        fps = (self.pipe.config.replace(**overrides) if overrides else self.pipe.config).generation.fps
+        seed = (
+            request.seed if request.seed is not None else int.from_bytes(uuid.uuid4().bytes[:4], "big") >> 1
+        )
+        request = dataclasses.replace(request, seed=seed)
+        self.pipe.check_inputs(**request.stream_kwargs())
+        opening = _opening_frames(request)
+        frames = request.num_frames(fps)
+        record = SessionRecord(
+            request,
+            prompt_changes(request.prompt, request.storyboard),
+            opening + frames if frames is not None else None,
+            opening_frames=opening,
+        )
+        session_id = self.new_id()
+        live = self._start(session_id, record, resume=False)
+        with self.lock:
+            self.sessions[session_id] = live
+        if self.persist_dir is not None:
+            record.save(self.persist_dir / session_id)
+        return session_id
+
+    def _start(self, session_id: str, record: SessionRecord, resume: bool) -> _Live:
+        """The session's stream: without end, under the storyboard as changed so far."""
+        run = dataclasses.replace(record.request, prompt=None, storyboard=record.storyboard, seconds=None)
+        control = StreamControl()
+        state = self.persist_dir / session_id / "state.safetensors" if self.persist_dir else None
+        stream = self.pipe.stream(**run.stream_kwargs(), control=control, state_path=state, resume=resume)
+        overrides = run.config_overrides()
+        config = self.pipe.config.replace(**overrides) if overrides else self.pipe.config
+        return _Live(record, stream, control, contextvars.copy_context(), config.generation.fps)
+
+    def _restore(self, session_id: str) -> _Live | None:
+        folder = self.persist_dir / session_id if self.persist_dir else None
+        if folder is None or not (folder / "session.json").is_file():
+            return None
+        record = SessionRecord.load(folder)
+        if record is None:
+            return None
+        live = self._start(session_id, record, resume=(folder / "state.safetensors").is_file())
+        self.restored += 1
+        return live
+
+    def get(self, session_id: str) -> _Live:
+        """The live session, restored from disk if it was evicted; :class:`SessionNotFound` if gone."""
+        with self.lock:
+            live = self.sessions.get(session_id)
+            if live is None:
+                live = self._restore(session_id)
+                if live is None:
+                    raise SessionNotFound(session_id)
+                self.sessions[session_id] = live
+            live.last_active = time.monotonic()
+            return live
+
+    # ------------------------------------------------------------------ reading
+    def chunks(self, session_id: str) -> Iterator[VideoChunk]:
+        """The session's chunks as they are made, up to its length or until it is stopped.
+        :class:`SessionNotFound` (or ``RuntimeError`` if another consumer reads it) is raised
+        here, not at the first chunk. A stopped session is closed (its cache freed) when its
+        reading ends, even before the first chunk."""
+        self.begin_read(session_id)
+        return _Reader(self, session_id)
+
+    def begin_read(self, session_id: str) -> _Live:
+        live = self.get(session_id)
+        with self.lock:
+            if live.pulling:
+                raise RuntimeError(f"session {session_id} is already being read")
+            live.pulling = True
+        return live
+
+    def end_read(self, session_id: str) -> None:
+        with self.lock:
+            live = self.sessions.get(session_id)
+            if live is None:
+                return
+            live.pulling = False
+            live.last_active = time.monotonic()
+            stopped = live.stopped
+        if stopped:
+            self._close(session_id, forget=True)
+
+    def next_chunk(self, session_id: str) -> VideoChunk | None:
+        """The session's next frames, or None when it is stopped or has reached its length."""
+        live = self.get(session_id)
+        record = live.record
+        while True:
+            if live.stopped or (record.limit_frames is not None and record.delivered >= record.limit_frames):
+                return None
+            if live.carry is not None:
+                chunk, live.carry = live.carry, None
+            else:
+                if record.pending_prompt is not None:
+                    prompt, record.pending_prompt = record.pending_prompt, None
+                    live.control.change_prompt(prompt)
+                    _add_change(
+                        record.storyboard, (live.frame_end - record.opening_frames) / live.fps, prompt
+                    )
+                try:
+                    chunk = live.context.run(next, live.stream)
+                except StopIteration:
+                    return None
+                live.frame_end = chunk.frame_start + len(chunk.frames)
+            after = _after(chunk, record.delivered, live.fps)  # a restored stream makes some frames again
+            if after is not None:
+                chunk = after
+                break
+        if record.limit_frames is not None and chunk.frame_start + len(chunk.frames) > record.limit_frames:
+            keep = record.limit_frames - chunk.frame_start
+            live.carry = _slice(chunk, live.fps, keep)
+            chunk = _slice(chunk, live.fps, 0, keep)
+        record.delivered = chunk.frame_start + len(chunk.frames)
+        live.last_active = time.monotonic()
+        if self.persist_dir is not None:
+            record.save(self.persist_dir / session_id)
+        return chunk
+
+    # ------------------------------------------------------------------ steering
+    def change_prompt(self, session_id: str, prompt: str) -> None:
+        """From the next chunk made on (frames already made but not handed out keep their prompt)."""
+        if prompt and prompt.strip():
+            live = self.get(session_id)
+            live.record.pending_prompt = prompt.strip()
+            if self.persist_dir is not None:
+                live.record.save(self.persist_dir / session_id)
+
+    def extend(self, session_id: str, seconds: float) -> None:
+        """Make the session ``seconds`` longer (a session without end stays so)."""
+        live = self.get(session_id)
+        if live.record.limit_frames is not None:
+            live.record.limit_frames += round(seconds * live.fps)
+            if self.persist_dir is not None:
+                live.record.save(self.persist_dir / session_id)
+
+    def stop(self, session_id: str) -> None:
+        """End the session for good (its persisted state too). One being read ends before its
+        next chunk and is closed by its reader; stopping twice is harmless."""
+        with self.lock:
+            live = self.sessions.get(session_id)
+            if live is None:
+                self._forget(session_id)
+                return
+            live.stopped = True
+            live.control.stop()
+            reading = live.pulling
+        if not reading:
+            self._close(session_id, forget=True)
+
+    # ------------------------------------------------------------------ eviction
+    def idle(self, now: float | None = None) -> list[str]:
+        """Sessions nobody has read or steered for ``idle_timeout_s``."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            return [
+                sid
+                for sid, live in self.sessions.items()
+                if not live.pulling and now - live.last_active >= self.idle_timeout_s
+            ]
+
+    def evict(self, session_id: str) -> bool:
+        """Free an idle session's cache, saving its state first when sessions persist."""
+        with self.lock:
+            live = self.sessions.get(session_id)
+            if live is None or live.pulling:
+                return False
+        self._close(session_id, forget=False)
+        self.evicted += 1
+        return True
+
+    def _close(self, session_id: str, forget: bool) -> None:
+        with self.lock:
+            live = self.sessions.pop(session_id, None)
+        if live is None:
+            return
+        if self.persist_dir is not None and not forget and live.carry is None:
+            # Stopped, the stream saves the state after its last chunk as it ends. With part of
+            # that chunk not handed out, the state before it is kept: a restore makes it again.
+            live.control.stop()
+            live.context.run(_drain, live.stream)
+        live.context.run(_close, live.stream)  # drops the generator's frame: the KV cache is freed
+        if forget:
+            self._forget(session_id)
+
+    def _forget(self, session_id: str) -> None:
+        if self.persist_dir is not None:
+            shutil.rmtree(self.persist_dir / session_id, ignore_errors=True)
+
+    def close(self) -> None:
+        """Drop every live session without saving anything more (what is on disk stays)."""
+        with self.lock:
+            lives, self.sessions = list(self.sessions.values()), {}
+        for live in lives:
+            live.context.run(_close, live.stream)
+
+    def describe(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "sessions": sorted(self.sessions),
+                "reading": sorted(sid for sid, live in self.sessions.items() if live.pulling),
+                "evicted": self.evicted,
+                "restored": self.restored,
+            }
 
 
 class _Reader(Iterator[VideoChunk]):
-    """Steps one session's stream in the session's context; closing it closes the session."""
+    """One consumer's reading of a session: :meth:`SessionManager.next_chunk` until it ends, then
+    :meth:`SessionManager.end_read` (also when closed early or garbage-collected)."""
 
-    def __init__(self, sessions: LocalSessions, session_id: str, session: _Session) -> None:
-        self._sessions = sessions
+    def __init__(self, sessions: SessionManager, session_id: str) -> None:
+        self._sessions: SessionManager | None = sessions
         self._session_id = session_id
-        self._session: _Session | None = session
 
     def __next__(self) -> VideoChunk:
-        if self._session is None:
+        if self._sessions is None:
             raise StopIteration
         try:
-            return self._session.context.run(next, self._session.stream)
-        except BaseException:  # the end, an error, or an interrupt: the session is over
+            chunk = self._sessions.next_chunk(self._session_id)
+        except BaseException:  # an error or an interrupt: this reading is over
             self.close()
             raise
+        if chunk is None:
+            self.close()
+            raise StopIteration
+        return chunk
 
     def close(self) -> None:
-        if self._session is not None:
-            self._session = None
-            self._sessions._close(self._session_id)
+        if self._sessions is not None:
+            sessions, self._sessions = self._sessions, None
+            sessions.end_read(self._session_id)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+def _opening_frames(request: GenerationRequest) -> int:
+    """How many frames the session's start file holds (read now: an unreadable file fails the
+    request at ``open``)."""
+    from vidgen.video import read_image, read_video
+
+    try:
+        if request.image:
+            read_image(request.image)
+            return 1
+        if request.video:
+            return len(read_video(request.video)[0])
+    except (FileNotFoundError, ValueError) as err:
+        raise InputError(str(err).splitlines()[0]) from None
+    return 0
+
+
+def _drain(stream: Iterator[VideoChunk]) -> None:
+    for _ in stream:
+        pass
 
 
 def _close(stream: Iterator[VideoChunk]) -> None:
@@ -254,3 +496,45 @@ def _close(stream: Iterator[VideoChunk]) -> None:
     close = getattr(stream, "close", None)
     if close is not None:
         close()
+
+
+def _add_change(board: list[tuple[float, str]], seconds: float, prompt: str) -> None:
+    """As the planner's ``add_change``; a change at the time of the last entry replaces it (the
+    planner would use the later of the two)."""
+    if board and abs(board[-1][0] - seconds) < 1e-9:
+        board[-1] = (board[-1][0], prompt)
+    else:
+        board.append((seconds, prompt))
+
+
+def _slice(chunk: VideoChunk, fps: int, start: int, stop: int | None = None) -> VideoChunk:
+    """Frames ``start:stop`` of ``chunk`` as a chunk of their own (same index)."""
+    return VideoChunk(
+        index=chunk.index,
+        frame_start=chunk.frame_start + start,
+        start_time=chunk.start_time + start / fps,
+        frames=chunk.frames[start:stop],
+        prompt=chunk.prompt,
+        metrics=chunk.metrics,
+    )
+
+
+def _after(chunk: VideoChunk, delivered: int, fps: int) -> VideoChunk | None:
+    """The part of ``chunk`` from frame ``delivered`` on (None if it is all before)."""
+    end = chunk.frame_start + len(chunk.frames)
+    if end <= delivered:
+        return None
+    if chunk.frame_start >= delivered:
+        return chunk
+    return _slice(chunk, fps, delivered - chunk.frame_start)
+
+
+__all__ = [
+    "GenerationRequest",
+    "ModelInfo",
+    "SessionBackend",
+    "SessionManager",
+    "SessionNotFound",
+    "SessionRecord",
+    "fit_warnings",
+]

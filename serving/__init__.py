@@ -2,7 +2,8 @@
 
 - ``deployment``: :class:`RaySessions` (the Gradio page's ``SessionBackend`` over a Serve
   deployment handle) and the ``SessionReplica`` deployment.
-- ``session_store``: :class:`SessionStore`, the sessions one replica holds (no Ray).
+- Each replica holds its sessions in a :class:`vidgen.pipelines.session.SessionManager` (no Ray),
+  the same one the page's local backend uses.
 - ``affinity``: which replica serves a session (no Ray); ``router``: the Serve request router
   built on it (imported by Ray Serve only).
 
@@ -18,12 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 _LAZY = {
     "RaySessions": "vidgen.serving.deployment",
-    "SessionStore": "vidgen.serving.session_store",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from vidgen.serving.deployment import RaySessions
-    from vidgen.serving.session_store import SessionStore
 
 
 def __getattr__(name: str) -> Any:
@@ -33,4 +32,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["RaySessions", "SessionStore"]  # noqa: F822 - resolved lazily by __getattr__
+__all__ = ["RaySessions"]  # noqa: F822 - resolved lazily by __getattr__

@@ -4,10 +4,11 @@ Who calls whom::
 
     vidgen serve --backend ray (Gradio page) --> RaySessions  --handle-->  SessionReplica x N
                                                  (driver)      SessionAffinityRouter   (Serve replicas,
-                                                                (session -> replica)    SessionStore each)
+                                                                (session -> replica)  SessionManager each)
 
 * :class:`SessionReplica` is a Serve deployment: each replica loads the pipeline once and holds
-  sessions in a :class:`~vidgen.serving.session_store.SessionStore` (one KV cache per session).
+  sessions in a :class:`~vidgen.pipelines.session.SessionManager` (one KV cache per session), the
+  same class the page's local backend runs in its own process.
   Its chunks are made on one compute thread, so the sessions of a replica take turns chunk by
   chunk while control calls (a new prompt, stop) are answered at once.
 * Routing: the replica that opens a session puts its own replica id in the session id, and
@@ -95,14 +96,14 @@ class SessionReplica:
         import torch
         from ray import serve
 
-        from vidgen.serving.session_store import SessionStore
+        from vidgen.pipelines.session import SessionManager
 
         if loopback:
             _bind_replica_grpc_to_loopback()
         if os.environ.get("OMP_NUM_THREADS"):
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         self.replica_id = serve.get_replica_context().replica_id.unique_id
-        self.store = SessionStore(
+        self.store = SessionManager(
             spec.load(),
             persist_dir=persist_dir,
             idle_timeout_s=idle_timeout_s,
@@ -154,9 +155,7 @@ class SessionReplica:
         return {"replica": self.replica_id, **self.store.describe()}
 
     async def info(self):
-        from vidgen.pipelines.session import ModelInfo
-
-        return ModelInfo.from_pipeline(self.store.pipe)
+        return self.store.info
 
     # ------------------------------------------------------------------ eviction
     def _evict_loop(self, every: float) -> None:
@@ -286,7 +285,7 @@ class RaySessions:
 
     def chunks(self, session_id: str) -> Iterator[Any]:
         """The session's chunks; raises :class:`SessionNotFound` here, not at the first chunk, as
-        ``LocalSessions.chunks`` does (the replica answers at once with a ``None`` header)."""
+        ``SessionManager.chunks`` does (the replica answers at once with a ``None`` header)."""
         stream = self._session(session_id).options(stream=True).chunks.remote(session_id)
         try:
             next(stream)

@@ -28,7 +28,7 @@ FOLDERS = {
 """Source folder -> the package it installs as (``[tool.setuptools] package-dir``)."""
 
 LAYERS = [
-    "core",  # vidgen/__init__, validation (InputError), config
+    "core",  # vidgen/__init__, validation (InputError), config, request (GenerationRequest)
     "video",
     "shapes",
     "attention",
@@ -44,7 +44,14 @@ LAYERS = [
 ]
 """Bottom to top: a part may import the parts listed before it, never one after it."""
 
-CORE = {"vidgen", "vidgen.validation", "vidgen.config", "vidgen.configs", "vidgen.default_model"}
+CORE = {
+    "vidgen",
+    "vidgen.validation",
+    "vidgen.config",
+    "vidgen.request",
+    "vidgen.configs",
+    "vidgen.default_model",
+}
 
 RAY_AT_IMPORT = {"vidgen.serving.router"}
 """Loaded by Ray Serve by name (``RequestRouterConfig``); it subclasses a Ray class."""

@@ -326,7 +326,7 @@ def _initial_backend(info: ModelInfo) -> str:
 def open_backend(kind: str, model: str | None, config: str | None) -> tuple[SessionBackend, ModelInfo]:
     """Loads the model behind the page: in this process (``local``) or on Ray Serve (``ray``)."""
     from vidgen.pipelines import LongVideoPipeline
-    from vidgen.pipelines.session import LocalSessions
+    from vidgen.pipelines.session import SessionManager
 
     if kind == "ray":
         try:
@@ -335,7 +335,7 @@ def open_backend(kind: str, model: str | None, config: str | None) -> tuple[Sess
             raise InputError(f"--backend ray: {err} (pip install 'vidgen[distributed]')") from None
         sessions = RaySessions.from_pretrained(model, config=config)
     else:
-        sessions = LocalSessions(LongVideoPipeline.from_pretrained(model, config=config))
+        sessions = SessionManager(LongVideoPipeline.from_pretrained(model, config=config))
     return sessions, sessions.info
 
 

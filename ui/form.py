@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vidgen.pipelines.session import GenerationRequest, ModelInfo, fit_warnings
+from vidgen.pipelines.session import ModelInfo, fit_warnings
+from vidgen.request import GenerationRequest
 from vidgen.validation import InputError
 
 AUTO_BACKEND = "auto"

@@ -18,7 +18,8 @@ from typing import Any
 
 import gradio as gr
 
-from vidgen.pipelines.session import GenerationRequest, ModelInfo, SessionBackend
+from vidgen.pipelines.session import ModelInfo, SessionBackend
+from vidgen.request import GenerationRequest
 from vidgen.ui.files import ServerFiles
 from vidgen.ui.form import Form, FormError, build_request
 from vidgen.ui.live import ACTION_NAMES, LiveStats, LiveUpdate, live_stream, stop_session

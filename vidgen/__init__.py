@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "InputError": "vidgen.validation",
+    "GenerationRequest": "vidgen.request",
     "LongVideoPipeline": "vidgen.pipelines",
     "VideoChunk": "vidgen.pipelines",
     "CausalWanTransformer": "vidgen.models",
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from vidgen.attention import AttentionPattern, dispatch_attention
     from vidgen.models import CausalWanTransformer, KVCache
     from vidgen.pipelines import LongVideoPipeline, VideoChunk
+    from vidgen.request import GenerationRequest
     from vidgen.validation import InputError
     from vidgen.video import export_to_video
 
@@ -48,6 +50,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [  # noqa: F822 - resolved lazily by __getattr__
     "AttentionPattern",
     "CausalWanTransformer",
+    "GenerationRequest",
     "InputError",
     "KVCache",
     "LongVideoPipeline",

@@ -18,6 +18,7 @@ import dataclasses
 import math
 import sys
 from dataclasses import dataclass, field, fields
+from enum import Enum
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
@@ -47,11 +48,42 @@ def _check_positive(name: str, value: float, allow_zero: bool = False) -> None:
         raise ConfigError(f"{name} must be {bound}, got {value}")
 
 
+class Choice(str, Enum):
+    """A config choice with behaviour attached: equal to its string, written as its string (TOML,
+    JSON, messages), so a config file holds the plain word."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        return tuple(str(c.value) for c in cls)
+
+
+class GenerationMode(Choice):
+    """How chunks are denoised (``generation.mode``)."""
+
+    CHUNKWISE = "chunkwise"
+    """One chunk at a time, each from noise to clean."""
+    DIFFUSION_FORCING = "diffusion_forcing"
+    """Several chunks in flight at staggered noise levels (``generation.ar_step`` apart)."""
+
+
+class SamplerKind(Choice):
+    """The few-step sampler (``generation.sampler``, see :mod:`vidgen.pipelines.scheduler`)."""
+
+    EULER = "euler"
+    """Integrates the flow."""
+    X0_RENOISE = "x0_renoise"
+    """Predicts the clean sample and re-noises it to the next level with fresh noise."""
+
+
 TextEncoderKind = Literal["minilm", "umt5"]
 VaeKind = Literal["lite", "wan"]
 TextConditioning = Literal["single", "with_previous"]
-GenerationMode = Literal["chunkwise", "diffusion_forcing"]
-SamplerName = Literal["euler", "x0_renoise"]
 RopeMode = Literal["absolute", "rolling"]
 AttentionSparsity = Literal["dense", "radial"]
 Dtype = Literal["float32", "bfloat16", "float16"]
@@ -122,7 +154,7 @@ class GenerationConfig:
     negative_prompt: str = ""
     shift: float = 3.0
     """Noise-schedule shift (more steps at high noise)."""
-    sampler: SamplerName = "euler"
+    sampler: SamplerKind = SamplerKind.EULER
     chunk_frames: int = 2
     """Latent frames per chunk (``causal_block_size`` in diffusers' SkyReels-V2 naming)."""
     sink_frames: int = 2
@@ -132,7 +164,7 @@ class GenerationConfig:
     rope_mode: RopeMode = "rolling"
     """Temporal positions: ``rolling`` keeps them bounded for any length; ``absolute`` is exact
     with whole-sequence attention but limited to the model's rope_max_seq_len."""
-    mode: GenerationMode = "chunkwise"
+    mode: GenerationMode = GenerationMode.CHUNKWISE
     """``chunkwise``: one chunk at a time; ``diffusion_forcing``: several chunks in flight at
     staggered noise levels."""
     ar_step: int = 1
@@ -171,9 +203,11 @@ class GenerationConfig:
                 f"generation.num_inference_steps={self.num_inference_steps} exceeds "
                 f"generation.max_steps={self.max_steps}"
             )
-        _check_choice("generation.sampler", self.sampler, get_args(SamplerName))
+        _check_choice("generation.sampler", self.sampler, SamplerKind.values())
+        self.sampler = SamplerKind(self.sampler)
         _check_choice("generation.rope_mode", self.rope_mode, get_args(RopeMode))
-        _check_choice("generation.mode", self.mode, get_args(GenerationMode))
+        _check_choice("generation.mode", self.mode, GenerationMode.values())
+        self.mode = GenerationMode(self.mode)
         _check_choice("generation.attention", self.attention, get_args(AttentionSparsity))
         if not 0.0 <= self.addnoise_condition < 1.0:
             raise ConfigError(
@@ -317,7 +351,11 @@ class VidgenConfig:
         return [(int(w), int(h)) for w, _, h in (s.partition("x") for s in sizes)]
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
-        return dataclasses.asdict(self)
+        """Plain values (a :class:`Choice` as its string), as a TOML or JSON file holds them."""
+        return {
+            table: {key: str(v) if isinstance(v, Choice) else v for key, v in values.items()}
+            for table, values in dataclasses.asdict(self).items()
+        }
 
     def to_toml(self) -> str:
         lines = []
@@ -368,6 +406,8 @@ def _check_type(name: str, value: Any, hint: Any) -> None:
     base = hint
     if getattr(hint, "__origin__", None) is Literal:
         base = type(get_args(hint)[0])
+    elif isinstance(hint, type) and issubclass(hint, Choice):
+        base = str
     if base is float and isinstance(value, int) and not isinstance(value, bool):
         return
     if base in (int, float, str, bool) and (

@@ -249,7 +249,7 @@ def test_text_and_files_that_cannot_be_read(model, tmp_path, capsys):
 
 def test_resume_refuses_another_seed_and_a_damaged_request(model, tmp_path, capsys):
     from vidgen.cli import build_parser
-    from vidgen.cli.render import _request, _what_to_render
+    from vidgen.cli.render import _what_to_render, saved_record
 
     out = tmp_path / "x.mp4"
     argv = ["render", "--model", str(model), PROMPT, "--seconds", "1", "--out", str(out)]
@@ -257,7 +257,7 @@ def test_resume_refuses_another_seed_and_a_damaged_request(model, tmp_path, caps
     _what_to_render(args)
     parts = tmp_path / "x.mp4.parts"
     parts.mkdir()
-    (parts / "request.json").write_text(json.dumps({**_request(args), "seed": 3}))
+    (parts / "request.json").write_text(json.dumps(saved_record(args, 3)))
     status, err = _main_in_process(capsys, *argv[1:], "--resume", "--seed", "7")
     assert status == 2 and len(err) == 1
     assert (
@@ -269,6 +269,21 @@ def test_resume_refuses_another_seed_and_a_damaged_request(model, tmp_path, caps
     status, err = _main_in_process(capsys, *argv[1:], "--resume")
     assert status == 2 and "request.json is damaged" in err[0]
     assert not out.exists()
+
+
+def test_resume_refuses_a_request_saved_in_another_layout_in_one_line(model, tmp_path, capsys):
+    """A ``request.json`` from before the one request type (CLI names, no format) is refused as a
+    damaged or changed one is: one line, saying how to start over, nothing touched."""
+    out = tmp_path / "x.mp4"
+    parts = tmp_path / "x.mp4.parts"
+    parts.mkdir()
+    old = {"prompt": PROMPT, "storyboard": None, "seconds": 1.0, "steps": None, "guidance": None}
+    (parts / "request.json").write_text(json.dumps({**old, "seed": 3}))
+    argv = ["--model", model, PROMPT, "--seconds", "1", "--out", out, "--resume"]
+    status, err = _main_in_process(capsys, *argv)
+    assert status == 2 and len(err) == 1, err
+    assert "was written by another version of vidgen" in err[0] and f"delete {parts}" in err[0]
+    assert sorted(p.name for p in parts.iterdir()) == ["request.json"] and not out.exists()
 
 
 def test_default_model_render_keeps_its_state_under_half_a_megabyte(tmp_path, monkeypatch):

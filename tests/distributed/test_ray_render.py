@@ -13,9 +13,10 @@ import pytest
 from tests.tiny import assert_decoded_match
 from vidgen.cli import build_parser, main
 from vidgen.distributed.ray_cluster import DegreeError, RayParallelism, place_workers
-from vidgen.distributed.ray_worker import WORK_DIR, PipelineSpec, VideoJob
+from vidgen.distributed.ray_worker import WORK_DIR, PipelineSpec
 from vidgen.distributed.render import record_video
 from vidgen.distributed.replica import BACKPRESSURE_CHUNKS, Replica, WorkerLost
+from vidgen.request import GenerationRequest
 from vidgen.video import SegmentedRecording, read_video
 
 PROMPT = "a red circle moving left on a black background"
@@ -70,10 +71,10 @@ def test_killed_ray_render_is_finished_by_resume(ray_cluster, tiny_model_dir, si
     out = tmp_path / "out.mp4"
     parts = tmp_path / "out.mp4.parts"
     args = build_parser().parse_args(_argv(tiny_model_dir, out))
-    from vidgen.cli.render import _request
+    from vidgen.cli.render import saved_record
 
     parts.mkdir()
-    (parts / "request.json").write_text(json.dumps({**_request(args), "seed": SEED}))
+    (parts / "request.json").write_text(json.dumps(saved_record(args, SEED)))
     layout = RayParallelism(sp=1, replicas=1)
     placement = place_workers(layout)
     replica = Replica(
@@ -87,9 +88,9 @@ def test_killed_ray_render_is_finished_by_resume(ray_cluster, tiny_model_dir, si
             if chunk.index == 0:
                 os.kill(replica.pids[0], signal.SIGKILL)
 
-        job = VideoJob(prompt=PROMPT, seconds=2, seed=SEED, num_frames=32)
+        request = GenerationRequest(prompt=PROMPT, seconds=2, seed=SEED)
         with pytest.raises(WorkerLost):
-            record_video(replica, job, parts, out, max_restarts=0, on_chunk=kill_at_first_chunk)
+            record_video(replica, request, parts, out, max_restarts=0, on_chunk=kill_at_first_chunk)
     finally:
         replica.stop()
         placement.remove()
@@ -121,8 +122,8 @@ def test_decode_worker_survives_a_kill_with_the_same_frames(ray_cluster, tiny_mo
     try:
         replica.start()
         # 7 chunks: ranks and decoder are at most 2 + 2 chunks ahead of the recording at the kill
-        job = VideoJob(prompt=PROMPT, seconds=3, seed=SEED, num_frames=48)
-        result = record_video(replica, job, parts, out, on_chunk=kill_once)
+        request = GenerationRequest(prompt=PROMPT, seconds=3, seed=SEED)
+        result = record_video(replica, request, parts, out, on_chunk=kill_once)
     finally:
         replica.stop()
         placement.remove()

@@ -36,7 +36,8 @@ def _three_heads(folder):
 
 
 def _worker_rank(rank, world_size, init_method, folder, kind, results):
-    from vidgen.distributed.ray_worker import PipelineSpec, PipelineWorker, VideoJob
+    from vidgen.distributed.ray_worker import PipelineSpec, PipelineWorker
+    from vidgen.request import GenerationRequest
 
     overrides = {"runtime.sp_kind": kind} if kind else {}
     worker = PipelineWorker(
@@ -45,9 +46,8 @@ def _worker_rank(rank, world_size, init_method, folder, kind, results):
     if worker._init_error is not None:
         (folder / f"{kind}.rank{rank}").write_text(f"error: {worker._init_error}")
         return
-    job = VideoJob(prompt="a red circle moving left on a black background", seconds=0.5, seed=1)
-    job.num_frames = 8
-    frames = sum(len(c.frames) for c in worker.stream(job, str(folder / f"work{rank}")))
+    request = GenerationRequest(prompt="a red circle moving left on a black background", seconds=0.5, seed=1)
+    frames = sum(len(c.frames) for c in worker.stream(request, str(folder / f"work{rank}")))
     (folder / f"{kind}.rank{rank}").write_text(f"{worker.group.kind} {frames}")
     worker.close()
 

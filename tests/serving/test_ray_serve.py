@@ -71,7 +71,7 @@ def test_requests_of_a_session_reach_the_replica_holding_it(sessions, pipe):
         assert_frames_match(np.concatenate([first, second]), expected)
     for sid in opened:
         sessions.stop(sid)
-    with pytest.raises(SessionNotFound):  # at the call, as LocalSessions.chunks does
+    with pytest.raises(SessionNotFound):  # at the call, as SessionManager.chunks does
         sessions.chunks(opened[0])
     with pytest.raises(SessionNotFound):
         sessions.change_prompt(opened[0], BLUE)

@@ -15,14 +15,14 @@ import httpx
 import pytest
 
 from tests.tiny import save_tiny_pipeline, tiny_components
-from vidgen.pipelines.session import LocalSessions
+from vidgen.pipelines.session import SessionManager
 
 SERVER_START_TIMEOUT = 120.0
 
 
 @pytest.fixture(scope="session")
-def tiny_sessions() -> LocalSessions:
-    return LocalSessions(tiny_components())
+def tiny_sessions() -> SessionManager:
+    return SessionManager(tiny_components())
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import pytest
 from tests.video.conftest import FLAT_TOLERANCE, flat_colour_clip, max_error, packets
 from vidgen.pipelines import ChunkMetrics, InputError, VideoChunk
 from vidgen.pipelines.drift import DriftMeasures
-from vidgen.pipelines.session import GenerationRequest
+from vidgen.request import GenerationRequest
 from vidgen.ui.live import LiveRecorder, live_stream
 from vidgen.video import probe_video, read_video
 

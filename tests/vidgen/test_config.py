@@ -95,3 +95,26 @@ def test_the_default_model_says_what_it_was_made_for():
     assert wan.model.vocabulary == "" and wan.trained_sizes() == []
     sizes = VidgenConfig.from_dict({"model": {"trained_sizes": "832x480, 480x832"}})
     assert sizes.trained_sizes() == [(832, 480), (480, 832)]
+
+
+def test_choices_are_one_enum_each_and_files_hold_the_plain_word(tmp_path):
+    """``generation.mode`` / ``generation.sampler`` are the enums the pipeline runs on (one
+    definition each), read from the plain strings of a file and written back as plain strings."""
+    from vidgen.config import GenerationMode, SamplerKind
+    from vidgen.pipelines import plan, scheduler
+
+    assert plan.GenerationMode is GenerationMode and scheduler.SamplerKind is SamplerKind
+    config = load_config(
+        "default", **{"generation.mode": "diffusion_forcing", "generation.sampler": "x0_renoise"}
+    )
+    g = config.generation
+    assert g.mode is GenerationMode.DIFFUSION_FORCING and g.sampler is SamplerKind.X0_RENOISE
+    assert g.mode == "diffusion_forcing" and f"{g.sampler}" == "x0_renoise"
+    table = config.to_dict()["generation"]
+    assert type(table["mode"]) is str and type(table["sampler"]) is str
+    assert 'mode = "diffusion_forcing"' in config.to_toml().splitlines()
+    path = tmp_path / "vidgen.toml"
+    path.write_text(config.to_toml())
+    assert load_config(path) == config
+    with pytest.raises(ConfigError, match="generation.mode must be str, got int 1"):
+        config.replace(**{"generation.mode": 1})

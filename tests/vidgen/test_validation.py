@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vidgen.cli.render import check_numbers
+from vidgen.cli.render import check_request
 from vidgen.config import ConfigError, VidgenConfig, load_config, parse_overrides
 from vidgen.validation import (
     MAX_SEED,
@@ -67,7 +67,7 @@ def test_render_flags_are_accepted_or_refused_as_one_user_error(name, value):
     if name not in ("seconds", "guidance"):
         value = int(value) if isinstance(value, int) or math.isfinite(value) else 0
     try:
-        check_numbers(_render_args(**{name: value}))
+        check_request(_render_args(**{name: value}))
     except InputError as err:
         assert f"--{name}" in str(err)
         return

@@ -188,8 +188,9 @@ def measure(
     import ray
 
     from vidgen.distributed.ray_cluster import RayParallelism, is_loopback_cluster, place_workers
-    from vidgen.distributed.ray_worker import PipelineSpec, VideoJob
+    from vidgen.distributed.ray_worker import PipelineSpec
     from vidgen.distributed.replica import Replica
+    from vidgen.request import GenerationRequest
 
     layout = RayParallelism(sp=sp, replicas=1)
     placement = place_workers(layout, extra=int(decode_worker))
@@ -205,10 +206,10 @@ def measure(
     )
     try:
         replica.start()
-        job = VideoJob(prompt=PROMPT, seconds=seconds, seed=seed, num_frames=round(seconds * replica.fps))
+        request = GenerationRequest(prompt=PROMPT, seconds=seconds, seed=seed)
         chunks, arrivals = [], []
         start = time.perf_counter()
-        for chunk in replica.stream(job, work, None, -1):
+        for chunk in replica.stream(request, work, None, -1):
             arrivals.append(time.perf_counter() - start)
             chunks.append(chunk.metrics)
         traffic = ray.get([w.traffic.remote() for w in replica.workers])

@@ -9,21 +9,20 @@ would have made; the MP4 itself only appears, under its final name, when the ren
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from vidgen.config import load_config, render_overrides
+from vidgen.request import RECORD_FORMAT, GenerationRequest, random_seed, render_record
 from vidgen.validation import (
-    MAX_GUIDANCE,
     MAX_INT,
     InputError,
     check_number,
     check_seed,
-    check_text,
     parse_json,
     read_storyboard,
     read_text_file,
@@ -108,24 +107,56 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.set_defaults(run=run)
 
 
-def _request(args: argparse.Namespace) -> dict:
+CLI_NAMES = {
+    "prompt": "the prompt",
+    "storyboard": "--storyboard",
+    "seconds": "--seconds",
+    "height": "--height",
+    "width": "--width",
+    "num_inference_steps": "--steps",
+    "guidance_scale": "--guidance",
+    "seed": "--seed",
+    "fps": "--fps",
+    "image": "--image",
+    "video": "--continue",
+}
+"""How ``vidgen render`` names a request's fields in its messages."""
+
+
+_DESTS = {"video": "continue_from"}
+"""Options argparse keeps under another name than their flag's."""
+
+
+def request_of(args: argparse.Namespace) -> GenerationRequest:
+    """The video the options ask for (not checked; the start file as an absolute path, as Ray
+    workers and a later ``--resume`` from another folder need it)."""
+    board = getattr(args, "storyboard", None)
+    options = {
+        field: getattr(args, _DESTS.get(field, flag.removeprefix("--")), None)
+        for field, flag in CLI_NAMES.items()
+        if field not in ("prompt", "storyboard")
+    }
+    return GenerationRequest(
+        prompt=getattr(args, "prompt", None), storyboard=read_storyboard(board) if board else None, **options
+    ).with_absolute_paths()
+
+
+def render_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What shapes the MP4 besides the request: the pipeline loaded and the file's upscaling."""
     return {
-        "prompt": args.prompt,
-        "storyboard": read_storyboard(args.storyboard) if args.storyboard else None,
-        "seconds": args.seconds,
-        "height": args.height,
-        "width": args.width,
-        "steps": args.steps,
-        "guidance": args.guidance,
         "model": args.model,
         "transformer": args.transformer,
         "lora": args.lora,
         "config": args.config,
-        "set": args.set,
-        "fps": args.fps,
-        **{k: getattr(args, k) for k in ("quantize", "image", "continue_from") if getattr(args, k, None)},
+        "set": list(args.set),
+        "quantize": getattr(args, "quantize", None),
         "upscale": [args.upscale, args.resample],
     }
+
+
+def saved_record(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """What ``OUT.parts/request.json`` records for this command line and ``seed``."""
+    return render_record(dataclasses.replace(request_of(args), seed=seed), **render_settings(args))
 
 
 def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -166,38 +197,31 @@ def read_start(args: argparse.Namespace):
     return read_start_frames(getattr(args, "image", None), getattr(args, "continue_from", None))
 
 
-def check_numbers(args: argparse.Namespace) -> None:
-    """Numbers that can never work (not finite, not positive, out of range) and text that is not
-    UTF-8, refused before anything heavy is imported (so at once). The limits that depend on the
-    model and its config (length, steps, memory) are checked by ``LongVideoPipeline.check_inputs``."""
-    positive = ("seconds", "steps", "height", "width", "fps", "guidance", "sp", "replicas", "upscale")
-    for name in positive:
+def check_request(args: argparse.Namespace) -> GenerationRequest:
+    """The request of the options, checked (:meth:`GenerationRequest.validate`, named as the
+    options are), with the options of the render itself: numbers that can never work (not finite,
+    not positive, out of range) and text that is not UTF-8 are refused before anything heavy is
+    imported (so at once). The limits that depend on the model and its config (length, steps,
+    memory) are checked by ``LongVideoPipeline.check_inputs``."""
+    request = request_of(args)
+    request.validate(CLI_NAMES, what=not getattr(args, "jobs", None))
+    for name in ("sp", "replicas", "upscale"):
         value = getattr(args, name, None)
         if value is not None:
-            integer = not isinstance(value, float)
-            maximum = MAX_INT if integer else MAX_GUIDANCE if name == "guidance" else None
-            check_number(f"--{name}", value, integer=integer, positive=True, maximum=maximum)
-    if getattr(args, "seed", None) is not None:
-        check_seed("--seed", args.seed)
+            check_number(f"--{name}", value, integer=True, positive=True, maximum=MAX_INT)
     if getattr(args, "upscale", 1) > 16:
         raise InputError(f"--upscale enlarges up to 16 times, got {args.upscale}")
-    if getattr(args, "prompt", None) is not None:
-        check_text("the prompt", args.prompt)
+    return request
 
 
-def print_fit_warnings(config, args: argparse.Namespace, request: dict) -> None:
+def print_fit_warnings(config, request: GenerationRequest) -> None:
     """What the model was not made for (words, sizes), on stderr; the render goes on."""
     from vidgen.pipelines.session import fit_warnings
 
     g = config.generation
-    prompts = [p for _, p in request["storyboard"]] if request["storyboard"] else [args.prompt]
-    for warning in fit_warnings(config, prompts, args.height or g.height, args.width or g.width):
+    height, width = request.height or g.height, request.width or g.width
+    for warning in fit_warnings(config, request.prompts(), height, width):
         print(f"vidgen render: warning: {warning}", file=sys.stderr)
-
-
-def random_seed() -> int:
-    """The seed of a render that names none (printed, so the video can be made again)."""
-    return int(time.time() * 1000) % (2**31 - 1)
 
 
 def default_out_name(what: str) -> str:
@@ -209,7 +233,7 @@ def default_out_name(what: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     _what_to_render(args)
-    check_numbers(args)
+    request = check_request(args)
     if args.jobs:
         from vidgen.cli.render_ray import render_jobs
 
@@ -222,17 +246,18 @@ def run(args: argparse.Namespace) -> int:
     if out.is_dir():
         raise InputError(f"--out {args.out} is a folder: name the MP4 file to write")
     parts = out.with_name(out.name + ".parts")
-    request = _request(args)
     start = read_start(args)
     if parts.exists() and not args.resume:
         raise InputError(
             f"an interrupted render exists at {parts}: pass --resume to continue it, or delete it"
         )
+    settings = render_settings(args)
     resuming = args.resume and (parts / "request.json").is_file()
     if resuming:
-        seed = _resume_seed(args, parts, request)
+        seed = _resume_seed(args, parts, render_record(request, **settings))
     else:
         seed = args.seed if args.seed is not None else random_seed()
+    request = dataclasses.replace(request, seed=seed)
 
     if args.parallel == "ray":
         from vidgen.cli.render_ray import render_one
@@ -241,30 +266,21 @@ def run(args: argparse.Namespace) -> int:
 
         try:  # the workers load the weights; the driver reads the config for the warnings
             _, config = resolve_model(args.model, load_config(args.config) if args.config else None)
-            print_fit_warnings(config.replace(**parse_overrides(args.set)), args, request)
+            print_fit_warnings(config.replace(**parse_overrides(args.set)), request)
         except InputError:
             pass  # the workers report it, as one line
-        return render_one(args, request, seed, out)
+        return render_one(args, request, render_record(request, **settings), out)
 
     # the arguments are checked: now the heavy imports (torch, diffusers)
     from vidgen.video import SegmentedRecording, Upscale
 
     pipe = load_pipeline(args)
-    pipe.check_inputs(  # check the request before anything is written
-        args.prompt,
-        storyboard=request["storyboard"],
-        seconds=args.seconds,
-        height=args.height,
-        width=args.width,
-        num_inference_steps=args.steps,
-        guidance_scale=args.guidance,
-        seed=seed,
-    )
-    print_fit_warnings(pipe.config, args, request)
+    pipe.check_inputs(**request.stream_kwargs())  # check the request before anything is written
+    print_fit_warnings(pipe.config, request)
     if not resuming:
         try:
             parts.mkdir(parents=True, exist_ok=True)
-            (parts / "request.json").write_text(json.dumps({**request, "seed": seed}))
+            (parts / "request.json").write_text(json.dumps(render_record(request, **settings)))
         except OSError as err:
             raise InputError(f"cannot write next to {out}: {err.strerror}") from None
     recording = SegmentedRecording(
@@ -272,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
     )
     done = len(recording.completed_chunks())
     fps = pipe.config.generation.fps
-    new_frames = round(args.seconds * fps)
+    new_frames = request.num_frames(fps) or 0
     total_frames = new_frames + (len(start) if start is not None else 0)
     size = (args.height or pipe.config.generation.height, args.width or pipe.config.generation.width)
     if start is not None and start.shape[1:3] != size:  # a warning: printed even with --quiet
@@ -286,19 +302,7 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(total_frames, fps, recording.num_frames(), quiet=args.quiet)
     try:
         for chunk in pipe.stream(
-            args.prompt,
-            storyboard=request["storyboard"],
-            num_frames=new_frames,
-            image=start[0] if start is not None and args.image else None,
-            video=start if start is not None and not args.image else None,
-            include_input=start is not None,
-            height=args.height,
-            width=args.width,
-            num_inference_steps=args.steps,
-            guidance_scale=args.guidance,
-            generator=seed,
-            state_path=parts / "state.safetensors",
-            resume=done > 0,
+            **request.stream_kwargs(), state_path=parts / "state.safetensors", resume=done > 0
         ):
             if chunk.index >= done:  # a chunk recorded just before an interruption comes again
                 recording.append(chunk.index, chunk.frames)
@@ -312,27 +316,38 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resume_seed(args: argparse.Namespace, parts: Path, request: dict) -> int:
-    """The seed of the interrupted render at ``parts``, once its request equals this one."""
+def _resume_seed(args: argparse.Namespace, parts: Path, record: dict[str, Any]) -> int:
+    """The seed of the interrupted render at ``parts``, once its record equals this one's
+    (:func:`~vidgen.request.render_record`; the seed aside)."""
     start_over = f"delete {parts} and run the command without --resume to start over"
+    saved_file = parts / "request.json"
     try:
-        saved = parse_json(read_text_file(parts / "request.json", "saved request"), "saved request")
+        saved = parse_json(read_text_file(saved_file, "saved request"), "saved request")
+        fmt = saved.pop("format", None)
         seed = check_seed("the saved seed", saved.pop("seed"))
-        saved["storyboard"] = [tuple(e) for e in saved["storyboard"]] if saved["storyboard"] else None
     except (InputError, KeyError, TypeError, AttributeError):
-        raise InputError(f"--resume: {parts / 'request.json'} is damaged: {start_over}") from None
+        raise InputError(f"--resume: {saved_file} is damaged: {start_over}") from None
+    if fmt != RECORD_FORMAT:
+        raise InputError(f"--resume: {saved_file} was written by another version of vidgen: {start_over}")
     if args.seed is not None and args.seed != seed:
         raise InputError(
             f"--resume: the interrupted render used --seed {seed}, not {args.seed}: resume without "
             f"--seed (or with --seed {seed}), or {start_over}"
         )
-    if saved != request:
-        differ = sorted(k for k in set(saved) | set(request) if saved.get(k) != request.get(k))
+    record = {k: v for k, v in record.items() if k not in ("format", "seed")}
+    if saved != record:
+        differ = sorted(_option(k) for k in set(saved) | set(record) if saved.get(k) != record.get(k))
         raise InputError(
             f"--resume: {', '.join(differ)} differ from the interrupted render's "
-            f"({parts / 'request.json'}): resume with the same arguments, or {start_over}"
+            f"({saved_file}): resume with the same arguments, or {start_over}"
         )
     return seed
+
+
+def _option(field: str) -> str:
+    """A recorded field as the option that sets it, without dashes (``num_inference_steps``: steps)."""
+    name = CLI_NAMES.get(field, "")
+    return name.removeprefix("--") if name.startswith("--") else field
 
 
 class Progress:

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vidgen.cli.render import Progress, overrides_of
+from vidgen.cli.render import Progress, overrides_of, render_settings, request_of
+from vidgen.request import GenerationRequest
 from vidgen.validation import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,26 +30,18 @@ def _upscale(args: argparse.Namespace):
     return Upscale(getattr(args, "upscale", 1), getattr(args, "resample", "nearest"))
 
 
-def render_one(args: argparse.Namespace, request: dict[str, Any], seed: int, out: Path) -> int:
-    """One video on one replica of ``--sp`` workers; ``request`` is recorded in ``OUT.parts``."""
+def render_one(
+    args: argparse.Namespace, request: GenerationRequest, record: dict[str, Any], out: Path
+) -> int:
+    """One video (``request``, its seed set) on one replica of ``--sp`` workers; ``record`` is
+    what ``OUT.parts/request.json`` records."""
     from vidgen.distributed.ray_cluster import DegreeError
-    from vidgen.distributed.ray_worker import VideoJob
-    from vidgen.distributed.render import render_on_ray, start_of
+    from vidgen.distributed.render import render_on_ray
     from vidgen.distributed.replica import WorkerLost
 
     if (getattr(args, "replicas", 1) or 1) != 1:
         raise DegreeError("--replicas applies to batches (--jobs FILE.jsonl); one video uses one replica")
-    job = VideoJob(
-        prompt=args.prompt,
-        storyboard=request["storyboard"],
-        seconds=args.seconds,
-        height=args.height,
-        width=args.width,
-        num_inference_steps=args.steps,
-        guidance_scale=args.guidance,
-        seed=seed,
-        **start_of(getattr(args, "image", None), getattr(args, "continue_from", None)),
-    )
+    seed = request.seed
     progress: Progress | None = None
 
     def started(info) -> None:
@@ -65,14 +58,14 @@ def render_one(args: argparse.Namespace, request: dict[str, Any], seed: int, out
 
     try:
         result = render_on_ray(
-            job,
+            request,
             out,
             spec=pipeline_spec(args),
             sp=args.sp,
             decode_worker=bool(getattr(args, "decode_worker", False)),
             address=getattr(args, "address", None),
             upscale=_upscale(args),
-            request={**request, "seed": seed},
+            record=record,
             on_start=started,
             on_chunk=lambda chunk, rtf: progress.update(len(chunk.frames), rtf),
             on_restart=lambda err: print(f"\nvidgen render: {err}; restarting", file=sys.stderr),
@@ -92,22 +85,7 @@ def job_defaults(args: argparse.Namespace):
     """What a line of the jobs file leaves out: the command line's values."""
     from vidgen.distributed.batch import JobDefaults
 
-    return JobDefaults(
-        seconds=args.seconds,
-        seed=args.seed,
-        height=args.height,
-        width=args.width,
-        steps=args.steps,
-        guidance=args.guidance,
-        model=args.model,
-        transformer=args.transformer,
-        lora=getattr(args, "lora", None),
-        config=args.config,
-        set=list(args.set),
-        fps=args.fps,
-        upscale=getattr(args, "upscale", 1),
-        resample=getattr(args, "resample", "nearest"),
-    )
+    return JobDefaults(request=request_of(args), settings=render_settings(args))
 
 
 def render_jobs(args: argparse.Namespace) -> int:
@@ -160,7 +138,7 @@ class _BatchProgress:
 
         self.tqdm = tqdm
         self.overall = tqdm(
-            total=round(sum(j.job.seconds for j in jobs), 2),
+            total=round(sum(j.request.seconds or 0 for j in jobs), 2),
             unit="s",
             desc=f"jobs 0/{len(jobs)}",
             position=0,
@@ -184,7 +162,7 @@ class _BatchProgress:
             return
         bar = self.bars[event.replica.index]
         if event.kind == "start":
-            bar.reset(total=event.job.job.num_frames)
+            bar.reset(total=event.job.request.num_frames(event.replica.fps))
             bar.set_description_str(f"replica {event.replica.index}: {event.job.out.name}")
         elif event.kind == "chunk":
             fps = event.replica.fps
