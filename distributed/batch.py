@@ -53,6 +53,7 @@ from vidgen.validation import (
 _FIELD_KEYS = {
     **{key: key for key in ("prompt", "storyboard", "seconds", "seed", "height", "width", "image")},
     **{"num_inference_steps": "steps", "guidance_scale": "guidance", "video": "continue"},
+    "negative_prompt": "negative_prompt",
 }
 """A request's fields as a line of the jobs file names them."""
 _JOB_KEYS = {*_FIELD_KEYS.values(), "set", "out"}
@@ -206,6 +207,7 @@ def _read_job(line: str, where: str, number: int, defaults: JobDefaults, outs: d
         width=entry.get("width", d.width),
         num_inference_steps=entry.get("steps", d.num_inference_steps),
         guidance_scale=entry.get("guidance", d.guidance_scale),
+        negative_prompt=entry.get("negative_prompt", d.negative_prompt),
         overrides={**d.overrides, **overrides},
         image=image,
         video=clip,

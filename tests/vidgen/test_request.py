@@ -11,7 +11,7 @@ from PIL import Image
 
 from tests.tiny import tiny_components
 from vidgen.cli import build_parser
-from vidgen.cli.render import check_request
+from vidgen.cli.render import check_request, request_of
 from vidgen.request import GenerationRequest, render_record
 from vidgen.validation import InputError
 
@@ -154,3 +154,28 @@ def test_a_render_record_is_json_and_names_the_format():
     assert record == json.loads(json.dumps(record))  # what a file gives back compares equal
     assert record["format"] == 2 and record["storyboard"] == [[0.0, PROMPT], [1.0, BLUE]]
     assert record["seed"] == 3 and record["upscale"] == [1, "nearest"]
+
+
+def test_the_negative_prompt_reaches_the_request_from_the_cli_and_the_jobs_file(tmp_path):
+    """``--negative-prompt`` and a jobs line's ``"negative_prompt"`` become the request's, the
+    command line's being every job's default; an unreadable one is refused in the CLI's words."""
+    from vidgen.distributed.batch import JobDefaults, read_jobs
+
+    args = build_parser().parse_args(["render", PROMPT, "--guidance", "3", "--negative-prompt", "blurry"])
+    args.prompt = args.text
+    request = request_of(args)
+    assert (request.negative_prompt, request.guidance_scale) == ("blurry", 3.0)
+    assert request.stream_kwargs()["negative_prompt"] == "blurry"
+
+    jobs = tmp_path / "jobs.jsonl"
+    lines = [
+        {"prompt": PROMPT, "out": str(tmp_path / "a.mp4")},
+        {"prompt": PROMPT, "negative_prompt": "a square", "out": str(tmp_path / "b.mp4")},
+    ]
+    jobs.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    a, b = read_jobs(jobs, JobDefaults(request=request))
+    assert (a.request.negative_prompt, b.request.negative_prompt) == ("blurry", "a square")
+
+    args = build_parser().parse_args(["render", "--prompt", PROMPT, "--negative-prompt", "bad\udcffbytes"])
+    with pytest.raises(InputError, match="^--negative-prompt "):
+        check_request(args)

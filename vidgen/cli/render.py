@@ -52,6 +52,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help=f"classifier-free guidance scale, 1: off (default: the model's; {g.guidance_scale:g})",
     )
     p.add_argument(
+        "--negative-prompt",
+        help="what guidance steers away from, with --guidance above 1 (default: the model's; "
+        f"{g.negative_prompt!r})",
+    )
+    p.add_argument(
         "--seed", type=int, help="random seed (default: random, printed; pass it again to reproduce)"
     )
     p.add_argument(
@@ -115,6 +120,7 @@ CLI_NAMES = {
     "width": "--width",
     "num_inference_steps": "--steps",
     "guidance_scale": "--guidance",
+    "negative_prompt": "--negative-prompt",
     "seed": "--seed",
     "fps": "--fps",
     "image": "--image",
@@ -123,7 +129,7 @@ CLI_NAMES = {
 """How ``vidgen render`` names a request's fields in its messages."""
 
 
-_DESTS = {"video": "continue_from"}
+_DESTS = {"video": "continue_from", "negative_prompt": "negative_prompt"}
 """Options argparse keeps under another name than their flag's."""
 
 
