@@ -30,8 +30,8 @@ def model() -> CausalWanTransformer:
     return CausalWanTransformer(**TINY).eval()
 
 
-def _text(model, seed: int):
-    return model.encode_text(torch.randn(1, 5, 16, generator=torch.Generator().manual_seed(seed)))
+def _text(model, seed: int, batch: int = 1):
+    return model.encode_text(torch.randn(batch, 5, 16, generator=torch.Generator().manual_seed(seed)))
 
 
 def _cache(model, batch: int = 1) -> KVCache:
@@ -40,8 +40,8 @@ def _cache(model, batch: int = 1) -> KVCache:
     )
 
 
-def _latents(frames: int, seed: int = 1) -> torch.Tensor:
-    return torch.randn(1, 4, frames, H, W, generator=torch.Generator().manual_seed(seed))
+def _latents(frames: int, seed: int = 1, batch: int = 1) -> torch.Tensor:
+    return torch.randn(batch, 4, frames, H, W, generator=torch.Generator().manual_seed(seed))
 
 
 def _filled_cache(model, denoiser: ChunkDenoiser, batch: int = 1) -> KVCache:
@@ -79,6 +79,7 @@ def test_context_groups_are_contiguous_runs_of_at_most_a_chunk():
 def test_guidance_needs_a_negative_context_and_a_scale_other_than_one(model):
     cond, uncond = _text(model, 1), _text(model, 2)
     assert not Conditioning(cond).guided
+    assert not Conditioning(cond, uncond).guided  # the scale is 1 unless given
     assert not Conditioning(cond, uncond, 1.0).guided
     assert Conditioning(cond, uncond, 5.0).guided
     batched = Conditioning(cond, uncond, 5.0).batched()
@@ -116,6 +117,18 @@ def test_guided_prediction_extrapolates_from_the_unconditional_branch(model, sca
     expected = halves[1] + scale * (halves[0] - halves[1])
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     assert not torch.allclose(got, halves[0], atol=1e-3)
+
+
+def test_guidance_for_a_batch_of_videos(model):
+    """Three videos at once: the cache holds the three conditional rows, then the three
+    unconditional ones, and each video gets its own guided velocity."""
+    denoiser = ChunkDenoiser(model, FlowSchedule(2), chunk_frames=2)
+    cond, uncond = _text(model, 1, batch=3), _text(model, 2, batch=3)
+    latents, sigmas = _latents(2, batch=3), torch.full((3, 2), 0.6)
+    got = denoiser.predict(latents, sigmas, Conditioning(cond, uncond, 4.0), _cache(model, 6), 0)
+    c = _direct(model, latents, 0.6, cond, _cache(model, 3), 0)
+    u = _direct(model, latents, 0.6, uncond, _cache(model, 3), 0)
+    torch.testing.assert_close(got, u + 4.0 * (c - u), atol=1e-5, rtol=0)
 
 
 def test_denoise_runs_the_euler_steps_from_the_schedule(model):
@@ -238,3 +251,9 @@ def test_autocast_only_when_asked(model):
     assert low.dtype == torch.float32
     assert not torch.allclose(low, plain, atol=1e-4)  # bf16 matmuls round differently
     torch.testing.assert_close(low, plain, atol=0.1, rtol=0.1)
+    # the dtype asked for, not always bf16
+    half = ChunkDenoiser(model, FlowSchedule(2), chunk_frames=2, autocast=torch.float16)
+    with torch.autocast("cpu", dtype=torch.float16):
+        expected = _direct(model, latents, 0.5, text.cond, cache, 0).float()
+    torch.testing.assert_close(half.predict(latents, sigmas, text, cache, 0), expected, atol=1e-6, rtol=0)
+    assert not torch.allclose(expected, low, atol=1e-4)

@@ -1,5 +1,7 @@
 """The chunk planner: layout, context, prompt changes and drift actions, against hand-made plans."""
 
+import json
+
 import pytest
 
 from vidgen.pipelines.plan import (
@@ -41,6 +43,7 @@ def test_layout_of_latents_frames_and_times():
     assert [(c.frame_start, c.frame_end) for c in chunks] == [(0, 5), (5, 13)]
     assert [c.start_time for c in chunks] == [0.0, 5 / 16]
     assert len(list(_planner().chunks(14))) == 3  # one frame more: one chunk more
+    assert len(list(_planner().chunks(1))) == 1
     assert all(c.sigmas == [1.0, 0.5, 0.0] and c.prompt == "a" for c in chunks)
 
 
@@ -85,6 +88,12 @@ def test_a_prompt_change_blends_over_the_transition_then_settles():
     assert all(c.actions == [] for c in chunks[7:])
 
 
+def test_a_one_chunk_transition():
+    chunks = list(_two_prompts(transition_chunks=1).chunks(70))
+    assert [c.prompt_weight for c in chunks[2:6]] == pytest.approx([1, 1 / 2, 1, 1])
+    assert [c.actions for c in chunks[2:6]] == [[], [REANCHOR, RECACHE], [RECACHE], []]
+
+
 def test_a_prompt_change_without_transition_or_recache():
     sudden = list(_two_prompts(transition_chunks=0).chunks(70))
     assert [c.prompt_weight for c in sudden[:6]] == [1, 1, 1, 1, 1, 1]
@@ -97,7 +106,9 @@ def test_a_prompt_change_without_transition_or_recache():
 
 def test_a_change_on_a_chunk_start_applies_to_that_chunk():
     # chunk 1 starts at frame 5 = 0.3125 s exactly, chunk 2 at 13 / 16 = 0.8125 s
-    assert [c.prompt for c in _two_prompts(at=5 / 16).chunks(13)] == ["a", "b"]
+    early = list(_two_prompts(at=5 / 16).chunks(13))
+    assert [c.prompt for c in early] == ["a", "b"]
+    assert early[1].actions == [REANCHOR, RECACHE]  # the first chunk after the start recaches too
     chunks = list(_two_prompts(at=13 / 16).chunks(30))
     assert [c.prompt for c in chunks] == ["a", "a", "b", "b", "b"]
     assert chunks[2].actions == [REANCHOR, RECACHE]
@@ -136,13 +147,17 @@ def test_periodic_recache_every_n_chunks_unless_a_prompt_recache_is_due():
     assert prompt == [6]  # t = 2.8125 s: also a multiple of 3, so no periodic recache there
     assert periodic == [3, 9, 12]
     assert not any(PERIODIC in c.actions for c in _planner().chunks(100))
+    every = list(_planner(recache_every=1).chunks(40))
+    assert [PERIODIC in c.actions for c in every] == [False] + [True] * (len(every) - 1)
 
 
 def test_diffusion_forcing_staggers_the_chunks_by_ar_step():
     df = list(_planner(mode="diffusion_forcing", ar_step=3).chunks(40))
     assert df[0].first_iteration == 0 and [c.first_iteration for c in df] == [3 * i for i in range(len(df))]
     assert all(c.first_iteration == 0 for c in _planner(ar_step=3).chunks(40))
-    assert _planner(mode="diffusion_forcing").mode is GenerationMode.DIFFUSION_FORCING
+    default = _planner(mode="diffusion_forcing")
+    assert default.mode is GenerationMode.DIFFUSION_FORCING
+    assert [c.first_iteration for c in default.chunks(40)] == list(range(len(df)))  # ar_step 1
 
 
 def test_a_plan_round_trips_through_json():
@@ -152,6 +167,22 @@ def test_a_plan_round_trips_through_json():
     assert again == plan
     assert again.chunks[3].actions == [REANCHOR, RECACHE]
     assert isinstance(again.chunks[3].actions[0], DriftAction)
+
+
+def test_a_chunkwise_plan_saved_without_iterations_loads():
+    """``first_iteration`` came with diffusion forcing: a chunk that lacks it starts at call 0."""
+    plan = ChunkPlan(list(_planner().chunks(13)), 13, 16, 64, 64, GenerationMode.CHUNKWISE)
+    data = json.loads(plan.to_json())
+    for chunk in data["chunks"]:
+        del chunk["first_iteration"]
+    assert ChunkPlan.from_json(json.dumps(data)) == plan
+
+
+def test_storyboard_entries_are_values():
+    change = PromptChange(1.0, "b")
+    assert change == PromptChange(1.0, "b") and hash(change) == hash(PromptChange(1.0, "b"))
+    with pytest.raises(AttributeError):
+        change.prompt = "c"  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
