@@ -85,6 +85,25 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "assert self.mean is not None and self.std is not None  # distance() is 0 without an anchor "
         ":: `and` -> `or`#1": "as above (a type-narrowing assert)",
     },
+    "models/kv_cache.py": {
+        "self.version = 0 :: `0` -> `1`#1": "the version is only compared with itself: any start does",
+        "self.version += 1 :: `1` -> `2`#1": "any increase marks the change (reset)",
+        "self.version += 1 :: `1` -> `2`#2": "any increase marks the change (commit)",
+        "if frame < self.sink_frames: :: `<` -> `<=`#1": "frame sink_frames maps to slot sink_frames either way",
+        **{
+            f"if src == list(range(src[0], src[0] + len(src))) and dst == list(range(dst[0], dst[0] + len(dst))): "
+            f":: {mutation}": "sends a contiguous write to index_copy_, which stores the same values"
+            for mutation in ("`==` -> `!=`#1", "`+` -> `-`#1", "`+` -> `-`#2")
+        },
+        **{
+            f"{line} :: `0` -> `1`#1": "the key and value buffers share shape, dtype and device"
+            for line in (
+                "or self._ws[0].shape[2] < need",
+                "or self._ws[0].dtype != dtype",
+                "or self._ws[0].device != self.k.device",
+            )
+        },
+    },
     "models/rope.py": {
         "dim = cos_table.shape[-1] :: drop unary `-`#1": "the tables are 2-D: shape[1] is shape[-1]",
     },
