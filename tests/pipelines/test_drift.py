@@ -225,7 +225,7 @@ def test_monitor_state_round_trips_and_reset_forgets():
     restored.measure(other, None, False)  # what it held before is replaced, not added to
     restored.load_state(monitor.state())
     assert restored.quiet_chunks == 1
-    for x in (still, chunks[0], other):
+    for x in (chunks[0], still, other):  # chunks[0] moves from the saved last frame
         assert restored.measure(x, None, False) == monitor.measure(x, None, False)
     restored.reset()
     assert restored.quiet_chunks == 0
