@@ -339,22 +339,29 @@ def _run_child(
         finally:
             os._exit(code)
     deadline = start + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            code = os.waitstatus_to_exitcode(status)
-            seconds = time.perf_counter() - start
-            if code == 0:
-                return "passed", seconds
-            if code == 5:
-                raise SystemExit(f"pytest collected no tests from {pytest_args}")
-            return "failed", seconds
-        if time.perf_counter() > deadline:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return "timeout", time.perf_counter() - start
-        time.sleep(0.02)
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.perf_counter() > deadline:
+                _kill(pid)
+                return "timeout", time.perf_counter() - start
+            time.sleep(0.02)
+    except BaseException:  # interrupted: take the child down too, then restore the file
+        _kill(pid)
+        raise
+    code = os.waitstatus_to_exitcode(status)
+    if code == 5:
+        raise SystemExit(f"pytest collected no tests from {pytest_args}")
+    return ("passed" if code == 0 else "failed"), time.perf_counter() - start
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def _trace_lines(path: str) -> set[int]:
@@ -510,9 +517,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    warm = warm_up(sorted({t.split("::")[0] for _, _, tests in chosen for t in tests}))
+    # after the warm-up: an imported library may install handlers of its own
     signal.signal(signal.SIGTERM, _handle_sigterm)
     signal.signal(signal.SIGHUP, _handle_sigterm)
-    warm = warm_up(sorted({t.split("::")[0] for _, _, tests in chosen for t in tests}))
     print(f"imports warmed up in {warm:.1f} s", flush=True)
 
     results = []
