@@ -217,8 +217,8 @@ def preset_state_sizes(config, vae, seed: int = 0, device: torch.device | str = 
     the drift monitor's memory is full. ``decoder_state_bytes``: the Wan VAE's causal-convolution
     caches after a chunk, from a decode on the meta device (shapes only) in the VAE's dtype.
     ``kv_cache_bytes``: the Wan-1.3B transformer's KV cache in bfloat16, computed."""
-    from vidgen.models.autoencoder import AutoencoderKLLite
     from vidgen.bench.pipeline import cache_bytes
+    from vidgen.models.autoencoder import AutoencoderKLLite
     from vidgen.pipelines.drift import DriftMonitor
     from vidgen.pipelines.vae_stream import spatial_factor, streaming_decoder, temporal_factor
 
