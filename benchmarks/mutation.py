@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
-import copy
 import gc
 import hashlib
 import importlib
@@ -244,28 +243,35 @@ def _splice(source: str, node: ast.AST, replacement: str) -> str:
     return (data[:start] + replacement.encode() + data[end:]).decode()
 
 
-def mutants_of(source: str) -> tuple[list[Mutant], list[str]]:
-    """The mutants of a module and the source text of each (same order)."""
+def list_mutants(source: str) -> list[Mutant]:
+    """The mutants of a module, described (one walk of the tree: cheap)."""
     lines = source.splitlines()
     count: Counter[str] = Counter()
-    mutants, texts = [], []
-    for i in range(len(_sites(ast.parse(source)))):
-        tree = ast.parse(source)
-        node, variant, description = _sites(tree)[i]
-        line = node.lineno
-        original = copy.deepcopy(node)
-        new = _mutated(node, variant)
-        text = _splice(
-            source, original, f"({ast.unparse(new)})" if isinstance(new, ast.expr) else ast.unparse(new)
-        )
-        # the spliced text must parse to the intended mutation and nothing else
-        if ast.dump(ast.parse(text)) != ast.dump(_Replace(node, new).visit(tree)):
-            raise RuntimeError(f"mutant {i} (line {line}, {description}) did not splice cleanly")
-        base = f"{lines[line - 1].strip()} :: {description}"
+    mutants = []
+    for i, (node, _, description) in enumerate(_sites(ast.parse(source))):
+        base = f"{lines[node.lineno - 1].strip()} :: {description}"
         count[base] += 1
-        mutants.append(Mutant(index=i, line=line, description=description, key=f"{base}#{count[base]}"))
-        texts.append(text)
-    return mutants, texts
+        mutants.append(
+            Mutant(index=i, line=node.lineno, description=description, key=f"{base}#{count[base]}")
+        )
+    return mutants
+
+
+def mutant_text(source: str, index: int) -> str:
+    """The source of mutant ``index``, checked to parse to that one change and nothing else."""
+    tree = ast.parse(source)
+    node, variant, description = _sites(tree)[index]
+    new = _mutated(node, variant)  # changes no offsets of ``node``
+    text = _splice(source, node, f"({ast.unparse(new)})" if isinstance(new, ast.expr) else ast.unparse(new))
+    if ast.dump(ast.parse(text)) != ast.dump(_Replace(node, new).visit(tree)):
+        raise RuntimeError(f"mutant {index} (line {node.lineno}, {description}) did not splice cleanly")
+    return text
+
+
+def mutants_of(source: str) -> tuple[list[Mutant], list[str]]:
+    """The mutants of a module and the source text of each (same order)."""
+    mutants = list_mutants(source)
+    return mutants, [mutant_text(source, m.index) for m in mutants]
 
 
 # ---------------------------------------------------------------------------------------- running
@@ -503,8 +509,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.list:
         for name, path, _ in chosen:
-            mutants, _ = mutants_of(path.read_text())
-            for m in mutants:
+            for m in list_mutants(path.read_text()):
                 print(f"{name} #{m.index} L{m.line}: {m.key}")
         return 0
 
