@@ -7,16 +7,17 @@ The file is restored after every mutant (in ``finally``, also on Ctrl-C or SIGTE
 script refuses to start when a module differs from git HEAD, so a run killed hard (SIGKILL) is
 noticed and ``git checkout -- <file>`` puts it right.
 
-Why in place and not mutmut 3: the folders install as ``vidgen.<part>`` through an editable
-install's import hook that points at this checkout, so a copy of the sources elsewhere is never
-imported by the tests. Why forked children: importing torch, diffusers and the stack takes ~8 s
-on the development machine, longer than most modules' tests; the parent imports them once
-(then forgets every module of this checkout), and each mutant's pytest runs in a fork that
-imports the mutated module fresh.
+Why not mutmut: mutmut 3 mutates a copy of the sources in ``mutants/``, but the folders install
+as ``vidgen.<part>`` through an editable install's import hook that points at this checkout, so
+the tests never import the copy; mutmut 2 mutates in place but starts a fresh runner per mutant,
+and importing torch, diffusers and the stack takes ~8 s on the development machine, longer than
+most modules' tests. Here the parent imports them once (then forgets every module of this
+checkout), and each mutant's pytest runs in a fork that imports the mutated module fresh.
 
-    python benchmarks/mutation.py                      # the six core modules
+    python benchmarks/mutation.py                      # the six core modules (CORE)
     python benchmarks/mutation.py --module rope --module plan
-    python benchmarks/mutation.py --module pipelines/vae_stream.py --tests tests/pipelines/test_vae_stream.py
+    python benchmarks/mutation.py --module vae_stream  # a named module outside the six
+    python benchmarks/mutation.py --module pipelines/x.py --tests tests/pipelines/test_x.py
     python benchmarks/mutation.py --module drift --list # the mutants, nothing run
 
 Prints killed / survived / timed-out per module and the kill rate, (killed + timed out) over the
@@ -55,7 +56,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "denoiser": ("pipelines/denoiser.py", ["tests/pipelines/test_denoiser.py"]),
     "kv_cache": ("models/kv_cache.py", ["tests/models/test_kv_cache.py"]),
     "rope": ("models/rope.py", ["tests/models/test_rope.py"]),
+    "vae_stream": ("pipelines/vae_stream.py", ["tests/pipelines/test_vae_stream.py"]),
 }
+CORE = ["plan", "drift", "scheduler", "denoiser", "kv_cache", "rope"]
+"""What a run without ``--module`` mutates: the modules the kill-rate bar is for."""
 
 # Mutants that change no behaviour, by module: "<stripped source line> :: <mutation>#<n>" (n counts
 # identical line + mutation pairs in the file) -> why nothing observable changes.
@@ -484,7 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--module",
         action="append",
-        help=f"a name ({', '.join(MODULES)}) or a file under pipelines/ or models/; repeatable (default: the six)",
+        help=f"a name ({', '.join(MODULES)}) or a file under pipelines/ or models/; repeatable "
+        f"(default: {', '.join(CORE)})",
     )
     parser.add_argument("--tests", action="append", help="test files or ids for a --module given as a file")
     parser.add_argument(
@@ -495,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     chosen: list[tuple[str, Path, list[str]]] = []
-    for item in args.module or list(MODULES):
+    for item in args.module or CORE:
         if item in MODULES:
             file, tests = MODULES[item]
         else:
@@ -522,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    started = time.perf_counter()
     warm = warm_up(sorted({t.split("::")[0] for _, _, tests in chosen for t in tests}))
     # after the warm-up: an imported library may install handlers of its own
     signal.signal(signal.SIGTERM, _handle_sigterm)
@@ -533,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(run_module(name, path, tests, args.timeout))
     print()
     print(_table(results))
+    print(f"{(time.perf_counter() - started) / 60:.1f} minutes in all, warm-up and baselines included")
     for r in results:
         for m in r.mutants:
             if m.status in ("survived", "not run"):
