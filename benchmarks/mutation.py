@@ -107,6 +107,12 @@ EQUIVALENT: dict[str, dict[str, str]] = {
             )
         },
     },
+    "pipelines/vae_stream.py": {
+        'out[f"wan_cache_rep.{i}"] = torch.zeros(1) :: `1` -> `2`#1': "a marker: only its name is read",
+        "self.vae.clear_cache() :: drop the call statement#2": (
+            "load_state replaces the decoder's cache list whole; decode resets the conv index per frame"
+        ),
+    },
     "models/rope.py": {
         "dim = cos_table.shape[-1] :: drop unary `-`#1": "the tables are 2-D: shape[1] is shape[-1]",
     },
