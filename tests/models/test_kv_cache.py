@@ -143,3 +143,115 @@ def test_workspace_attends_like_the_view_and_rotates_once_per_chunk():
     # once per chunk (4 calls each), once per re-cache write (3 frames), once for the last call
     assert caches[True].workspace_refreshes == chunks + 3 + 1
     assert caches[False].workspace_refreshes == 0
+
+
+def _identity_rope(cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = cache.num_cached_frames * cache.frame_tokens
+    return torch.ones(1, tokens, 1, 2), torch.zeros(1, tokens, 1, 2)  # head_dim 4: two pairs
+
+
+@pytest.mark.parametrize(
+    ("sinks", "window", "slots"),
+    [
+        (2, 3, [0, 1, 2, 3, 4, 2, 3, 4, 2]),  # the ring turns every 3 frames after the sinks
+        (0, 3, [0, 1, 2, 0, 1, 2, 0, 1, 2]),
+        (1, 1, [0, 1, 1, 1, 1, 1, 1, 1, 1]),
+        (2, 0, [0, 1, None, None, None, None, None, None, None]),  # sinks only: later frames kept nowhere
+    ],
+)
+def test_slot_of_each_frame(sinks, window, slots):
+    cache = _cache(sink_frames=sinks, window_frames=window)
+    assert [cache.slot_of(f) for f in range(9)] == slots
+    _write_frames(cache, 0, 9, fill=0)
+    kept = {f for f in range(9) if f < sinks or f >= 9 - window}
+    assert cache.frames_kept(range(9)) == kept
+    assert set(cache.cached_frames) == kept
+    assert cache.next_frame == (8 if window else sinks - 1) + 1
+
+
+def test_geometry_bounds():
+    for sinks, window in ((0, 3), (2, 0), (3, 3), (1, 1)):
+        assert _cache(sink_frames=sinks, window_frames=window).capacity_frames == sinks + window
+    for sinks, window in ((-1, 3), (2, -1), (0, 0)):
+        with pytest.raises(ValueError, match="sink_frames >= 0"):
+            _cache(sink_frames=sinks, window_frames=window)
+
+
+def test_an_empty_cache_starts_at_frame_zero_and_the_newest_frame_sets_the_next():
+    cache = _cache()
+    assert cache.next_frame == 0 and cache.cached_frames == []
+    for chunk in range(6):
+        _write_frames(cache, 2 * chunk, 2, fill=chunk)
+    assert cache.next_frame == 12  # frames 0-1 and 8-11 held
+
+
+def test_reset_keeping_the_sinks_then_refilling_out_of_order():
+    """After a reset that keeps the sinks, a frame written to the ring's second slot leaves a gap:
+    the view must pick the held slots, not a prefix."""
+    cache = _cache()
+    for chunk in range(3):
+        _write_frames(cache, 2 * chunk, 2, fill=chunk)
+    cache.reset(keep_sinks=True)
+    assert cache.cached_frames == [0, 1]
+    _write_frames(cache, 7, 1, fill=7)  # slot 2 + (7 - 2) % 4 = 3
+    assert cache.cached_frames == [0, 1, 7]
+    k, v = cache.view(1)
+    assert k[0, ::3, 0, 0].tolist() == [1.0, 1.0, 8.0]  # fill + layer
+    assert torch.equal(v, -k)
+    assert cache.frame_index().tolist() == [0, 1, 7]
+
+
+def test_wrapping_writes_store_values_too():
+    cache = _cache(window_frames=3)
+    for chunk in range(4):
+        _write_frames(cache, 2 * chunk, 2, fill=chunk)
+    assert cache.slot_frames == [0, 1, 5, 6, 7]
+    for layer in range(2):
+        k, v = cache.view(layer)
+        assert torch.equal(v, -k)
+        assert k[0, ::3, 0, 0].tolist() == [layer + x for x in (0.0, 0.0, 2.0, 3.0, 3.0)]
+
+
+def test_the_frame_index_lives_on_the_caches_device():
+    cache = _cache(device="meta")
+    assert cache.frame_index().device.type == "meta"
+
+
+def test_the_cache_is_not_part_of_a_state_dict():
+    """A model holding a cache saves its weights only, and so does a clone."""
+    cache = _cache()
+    assert list(cache.state_dict()) == []
+    assert list(cache.clone().state_dict()) == []
+
+
+def test_a_clone_works_on_its_own():
+    cache = _cache()
+    _write_frames(cache, 0, 2, fill=1)
+    copy = cache.clone()
+    assert copy.use_workspace and copy.window_frames == 4
+    _write_frames(copy, 2, 2, fill=5)
+    assert copy.cached_frames == [0, 1, 2, 3] and cache.cached_frames == [0, 1]
+    k, v = copy.view(0)
+    assert k[0, ::3, 0, 0].tolist() == [1.0, 1.0, 5.0, 5.0] and torch.equal(v, -k)
+    keys, values, held = copy.workspace(_identity_rope(copy), None, 3, torch.float32)
+    assert held == 12 and torch.equal(keys[0, :, :held], k)
+
+
+def test_the_workspace_is_rebuilt_when_the_held_frames_change_and_allocated_once():
+    """Re-caching the same frames with new values must not reuse the stale prefix; the buffers are
+    sized for a full cache at once, so their storage stays put while the cache fills."""
+    cache = _cache()
+    assert cache.use_workspace  # the default
+    _write_frames(cache, 0, 2, fill=1)
+    keys, _, held = cache.workspace(_identity_rope(cache), None, 3, torch.float32)
+    storage = keys.data_ptr()
+    assert keys[0, 0, 0, 0, 0] == 1.0
+    cache.reset()
+    _write_frames(cache, 0, 2, fill=7)
+    keys, values, held = cache.workspace(_identity_rope(cache), None, 3, torch.float32)
+    assert keys[0, 0, 0, 0, 0] == 7.0 and values[0, 0, 0, 0, 0] == -7.0
+    for chunk in range(1, 6):  # fill the cache and wrap the ring
+        _write_frames(cache, 2 * chunk, 2, fill=chunk)
+        keys, _, held = cache.workspace(_identity_rope(cache), None, 3, torch.float32)
+        assert keys.data_ptr() == storage
+    assert held == 6 * 3 and keys.shape[2] == held + 3

@@ -64,7 +64,9 @@ def test_x0_renoise_renoises_the_clean_estimate_to_the_next_level_with_fresh_noi
         if sigma_next == 0.0:
             torch.testing.assert_close(stepped, clean, atol=1e-5, rtol=0)
         else:
-            torch.testing.assert_close(stepped, add_noise(clean, expected_noise, sigma_next), atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                stepped, add_noise(clean, expected_noise, sigma_next), atol=1e-5, rtol=0
+            )
             # fresh noise: not the noise the sample started from
             assert not torch.allclose(expected_noise, noise)
             # and of unit variance at that level
@@ -86,7 +88,44 @@ def test_x0_renoise_with_a_wrong_velocity_lands_on_its_own_clean_estimate():
     assert not torch.allclose(renoised, sample - 0.5 * velocity)
 
 
-@pytest.mark.parametrize("bad", [{"num_steps": 0}, {"num_steps": 2, "shift": 0.0}, {"num_steps": 2, "timesteps": (900.0,)}])
+def test_the_last_x0_renoise_step_draws_no_noise():
+    """The generator feeds the next chunk's noise too: a step to level 0 must leave it untouched."""
+    schedule = FlowSchedule(num_steps=2, shift=1.0, sampler="x0_renoise")
+    sample, velocity = torch.randn(1, 2, 1, 2, 2), torch.randn(1, 2, 1, 2, 2)
+    generator = torch.Generator().manual_seed(3)
+    state = generator.get_state()
+    schedule.step(sample, velocity, 1, generator)
+    assert torch.equal(generator.get_state(), state)
+    schedule.step(sample, velocity, 0, generator)
+    assert not torch.equal(generator.get_state(), state)
+
+
+def test_defaults_one_step_and_sampler_names():
+    """Shift 3 and Euler unless told; a one-step schedule (a distilled model) goes 1 -> 0."""
+    default = FlowSchedule(num_steps=4)
+    assert default.sigmas == FlowSchedule(num_steps=4, shift=3.0).sigmas
+    assert default.sampler is SamplerKind.EULER
+    assert FlowSchedule(num_steps=1).sigmas == [1.0, 0.0]
+    assert FlowSchedule(num_steps=2, sampler="x0_renoise").sampler is SamplerKind.X0_RENOISE
+
+
+def test_a_schedule_is_a_value():
+    schedule = FlowSchedule(num_steps=4, shift=5.0)
+    assert schedule == FlowSchedule(num_steps=4, shift=5.0)
+    assert hash(schedule) == hash(FlowSchedule(num_steps=4, shift=5.0))
+    with pytest.raises(AttributeError):
+        schedule.num_steps = 8  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"num_steps": 0},
+        {"num_steps": 2, "shift": 0.0},
+        {"num_steps": 2, "timesteps": (900.0,)},
+        {"num_steps": 2, "sampler": "heun"},
+    ],
+)
 def test_bad_schedules_are_refused(bad):
     with pytest.raises(ValueError):
         FlowSchedule(**bad)

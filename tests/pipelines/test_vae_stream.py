@@ -10,7 +10,10 @@ from vidgen.pipelines.vae_stream import (
     frames_of_latents,
     latent_stats,
     latents_for_frames,
+    spatial_factor,
     streaming_decoder,
+    temporal_factor,
+    video_to_uint8,
 )
 
 CHUNKS = [(0, 2), (2, 3), (3, 6), (6, 7)]
@@ -28,15 +31,15 @@ def _tiny_wan():
     ).eval()
 
 
-def _tiny_lite():
+def _tiny_lite(mean=(0.0,) * 4, std=(1.0,) * 4):
     return AutoencoderKLLite(
         z_dim=4,
         hidden_channels=16,
         encoder_blocks=1,
         decoder_blocks=1,
         refine_channels=8,
-        latents_mean=[0.0] * 4,
-        latents_std=[1.0] * 4,
+        latents_mean=list(mean) if mean is not None else None,
+        latents_std=list(std) if std is not None else None,
     ).eval()
 
 
@@ -93,3 +96,66 @@ def test_frame_arithmetic():
     assert frames_of_latents(0, 2, 4) == (0, 5)
     assert frames_of_latents(2, 2, 4) == (5, 13)
     assert latents_for_frames(1, 4) == 1 and latents_for_frames(5, 4) == 2 and latents_for_frames(6, 4) == 3
+
+
+def test_encode_subtracts_the_mean_and_divides_by_the_std():
+    vae = _tiny_lite(mean=(0.1, 0.2, 0.0, -0.1), std=(1.0, 2.0, 0.5, 1.5))
+    video = torch.rand(1, 3, 5, 16, 16, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    raw = vae.encode(video).latent_dist.mode()
+    expected = (raw - torch.tensor([0.1, 0.2, 0.0, -0.1]).view(1, 4, 1, 1, 1)) / torch.tensor(
+        [1.0, 2.0, 0.5, 1.5]
+    ).view(1, 4, 1, 1, 1)
+    torch.testing.assert_close(encode_video(vae, video), expected, atol=1e-6, rtol=0)
+
+
+def test_stats_and_factors_default_when_the_config_lacks_them():
+    mean, std = latent_stats(_tiny_lite(mean=None, std=None))
+    assert torch.equal(mean, torch.zeros(1, 4, 1, 1, 1)) and torch.equal(std, torch.ones(1, 4, 1, 1, 1))
+    assert (temporal_factor(_tiny_wan()), spatial_factor(_tiny_wan())) == (4, 8)
+    assert (temporal_factor(_tiny_lite()), spatial_factor(_tiny_lite())) == (4, 4)
+    bare = type("Vae", (), {"config": type("Config", (), {})()})()
+    assert (temporal_factor(bare), spatial_factor(bare)) == (4, 8)  # Wan's
+
+
+def test_video_to_uint8_maps_minus_one_to_zero_and_one_to_255():
+    video = torch.tensor([-1.0, 0.0, 1.0, 1.5, -3.0, 0.5]).view(1, 1, 6, 1, 1).repeat(1, 3, 1, 1, 1)
+    video[:, 1] = 1.0  # green channel full
+    frames = video_to_uint8(video)
+    assert frames.shape == (6, 1, 1, 3) and frames.dtype == torch.uint8
+    assert frames[:, 0, 0, 0].tolist() == [0, 128, 255, 255, 0, 191]  # 127.5 rounds to even, clamped
+    assert frames[:, 0, 0, 1].tolist() == [255] * 6
+
+
+def test_wan_decoder_state_right_after_the_first_latent():
+    """After latent 0 diffusers' cache holds "repeat the first frame" markers: they must survive."""
+    vae = _tiny_wan()
+    z = torch.randn(1, 4, 3, 4, 4, generator=torch.Generator().manual_seed(1))
+    mean, std = latent_stats(vae)
+    with torch.no_grad():
+        whole = vae.decode(z * std + mean).sample
+        first = streaming_decoder(vae)
+        head = first.decode(z[:, :, :1], 0)
+        state = first.state()
+        assert any(name.startswith("wan_cache_rep.") for name in state)
+        second = streaming_decoder(vae)
+        second.load_state(state)
+        tail = second.decode(z[:, :, 1:], 1)
+    assert torch.equal(torch.cat([head, tail], dim=2), whole)
+
+
+def test_a_wan_decoder_starts_a_new_video_afresh():
+    vae = _tiny_wan()
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(1, 4, 3, 4, 4, generator=g), torch.randn(1, 4, 3, 4, 4, generator=g)
+    with torch.no_grad():
+        vae.decoder.conv_out.weight.mul_(20)  # outputs well past [-1, 1]: the clamp is seen
+        decoder = streaming_decoder(vae)
+        decoder.decode(a, 0)
+        again = torch.cat([decoder.decode(b[:, :, :2], 0), decoder.decode(b[:, :, 2:], 2)], dim=2)
+        assert any(name.startswith("wan_cache.") for name in decoder.state())
+        decoder.reset()  # (before diffusers' own decode below, which clears the cache it shares)
+        assert not any(name.startswith("wan_cache.") for name in decoder.state())
+        mean, std = latent_stats(vae)
+        whole = vae.decode(b * std + mean).sample
+    assert torch.equal(again, whole)
+    assert again.abs().max() == 1.0  # clamped to [-1, 1] as diffusers' decode does
