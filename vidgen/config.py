@@ -459,6 +459,22 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return overrides
 
 
+def check_override_names(overrides: dict[str, Any]) -> None:
+    """:class:`ConfigError` for a ``"table.key"`` that no config has, worded as
+    :meth:`VidgenConfig.replace` words it. Values are not checked: their limits may depend on the
+    model's own config, which is read later."""
+    hints = get_type_hints(VidgenConfig)
+    for dotted in overrides:
+        table, _, key = dotted.partition(".")
+        if table not in hints or not key:
+            raise ConfigError(f"override {dotted!r} must be 'table.key' with table one of {', '.join(hints)}")
+        names = {f.name for f in fields(hints[table])}
+        if key not in names:
+            raise ConfigError(
+                f"overrides: {table}: unknown key {key!r}; known keys: {', '.join(sorted(names))}"
+            )
+
+
 def lora_overrides(specs: list[str] | None) -> dict[str, list[str]]:
     """``--lora PATH[:SCALE]`` entries as ``model.loras`` (replacing the config's list), the paths
     made absolute (Ray workers may run in another folder); a missing file is an :class:`InputError`."""

@@ -41,6 +41,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         (["render", "--seconds", "2"], "say what to render"),
         (["render", "--seconds", "abc", "x"], "invalid float value: 'abc'"),
         (["render", "--sp-kind", "tree", "x"], "invalid choice: 'tree'"),
+        (["render", "--set", "generation.shift=nan", "x"], "--set generation.shift: must be a finite number"),
+        (["render", "--set", "generation.nope=1", "x"], "generation: unknown key 'nope'"),
+        (["render", "--set", "nope.x=1", "x"], "override 'nope.x' must be 'table.key'"),
     ],
 )
 def test_argument_errors_come_before_the_heavy_imports(args, message):

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vidgen.config import load_config, render_overrides
+from vidgen.config import check_override_names, load_config, parse_overrides, render_overrides
 from vidgen.request import RECORD_FORMAT, GenerationRequest, random_seed, render_record
 from vidgen.validation import (
     MAX_INT,
@@ -211,6 +211,8 @@ def check_request(args: argparse.Namespace) -> GenerationRequest:
     memory) are checked by ``LongVideoPipeline.check_inputs``."""
     request = request_of(args)
     request.validate(CLI_NAMES, what=not getattr(args, "jobs", None))
+    if getattr(args, "set", None):  # syntax, non-finite numbers, undecodable text and unknown keys
+        check_override_names(parse_overrides(args.set))
     for name in ("sp", "replicas", "upscale"):
         value = getattr(args, name, None)
         if value is not None:
