@@ -602,7 +602,8 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
                 new_tokens = frames * frame_tokens
                 dtype = self._attention_dtype(device)
                 ctx.workspace = kv_cache.workspace(ctx.cache_rope, ctx.cache_stamp, new_tokens, dtype)
-                if update_cache:
+                # compiled, staged also when not writing: one graph per cache fill level, not two
+                if update_cache or self._compiled_blocks is not None:
                     shape = (len(self.blocks), batch, new_tokens, *kv_cache.k.shape[3:])  # (L, B, S, H, D)
                     ctx.staged = (
                         torch.empty(shape, dtype=dtype, device=device),
@@ -632,7 +633,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
             x = (self._compiled_blocks or self.run_blocks)(x, modulation, text_context, ctx)
         if kv_cache is not None and update_cache:
             if ctx.staged is not None:
-                kv_cache.write(slice(None), *ctx.staged, frame_offset)
+                kv_cache.write(slice(None), ctx.staged[0], ctx.staged[1], frame_offset)
             kv_cache.commit(frame_offset, frames)
 
         # 5. output norm, projection, unpatchify
