@@ -336,6 +336,19 @@ class CausalWanBlock(nn.Module):
         return (x.float() + _gate(self.ffn(h).float(), c_gate, t)).type_as(x)
 
 
+def run_blocks(
+    blocks: nn.ModuleList,
+    x: torch.Tensor,
+    modulation: torch.Tensor,
+    text: TextContext,
+    ctx: SelfAttentionContext,
+) -> torch.Tensor:
+    """All ``blocks`` on the tokens ``x`` (B, S, D): the region ``compile_blocks`` compiles."""
+    for layer, block in enumerate(blocks):
+        x = block(x, modulation, text, ctx, layer)
+    return x
+
+
 # ----------------------------------------------------------------------------- the model
 
 
@@ -510,16 +523,8 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
             return torch.get_autocast_dtype(device.type)
         return self.dtype
 
-    def run_blocks(
-        self, x: torch.Tensor, modulation: torch.Tensor, text: TextContext, ctx: SelfAttentionContext
-    ) -> torch.Tensor:
-        """All blocks on the tokens ``x`` (B, S, D): the region :meth:`compile_blocks` compiles."""
-        for layer, block in enumerate(self.blocks):
-            x = block(x, modulation, text, ctx, layer)
-        return x
-
     def compile_blocks(self, mode: str | None = None, dynamic: bool | None = False) -> None:
-        """torch.compile :meth:`run_blocks`, all blocks as one graph.
+        """torch.compile :func:`run_blocks`, all blocks as one graph.
 
         The blocks do no cache bookkeeping (``forward`` fetches the attention workspace before them
         and writes the new keys/values after them), so the graph has no breaks. Shapes are static by
@@ -527,7 +532,8 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
         same one for every chunk), each specialised code rather than one dynamic-shape graph.
         """
         available_backends()  # probe them now: a first probe inside the graph would break it
-        self._compiled_blocks = torch.compile(self.run_blocks, mode=mode, dynamic=dynamic)
+        # the function, not a bound method: a deep copy of the model runs its own blocks
+        self._compiled_blocks = torch.compile(run_blocks, mode=mode, dynamic=dynamic)
 
     def forward(
         self,
@@ -630,7 +636,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
             for layer, block in enumerate(self.blocks):
                 x = self._gradient_checkpointing_func(block, x, modulation, text_context, ctx, layer)
         else:
-            x = (self._compiled_blocks or self.run_blocks)(x, modulation, text_context, ctx)
+            x = (self._compiled_blocks or run_blocks)(self.blocks, x, modulation, text_context, ctx)
         if kv_cache is not None and update_cache:
             if ctx.staged is not None:
                 kv_cache.write(slice(None), ctx.staged[0], ctx.staged[1], frame_offset)
