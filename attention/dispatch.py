@@ -55,16 +55,25 @@ def attention_backend(name: str | None) -> Iterator[None]:
         _CHOSEN.reset(token)
 
 
+@torch.compiler.assume_constant_result
+def _chosen_by_context() -> str | None:
+    # torch.compile cannot trace ContextVar.get: a compiled graph keeps the choice it was traced under
+    return _CHOSEN.get()
+
+
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     tensors = {"q": q, "k": k, "v": v}
-    shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in tensors.items())
+
+    def shapes() -> str:  # only for a message: str.join would break a torch.compile graph
+        return ", ".join(f"{n} {tuple(t.shape)}" for n, t in tensors.items())
+
     if any(t.dim() != 4 for t in tensors.values()):
-        raise ValueError(f"q, k and v must be 4-D (B, S, H, D); got {shapes}")
+        raise ValueError(f"q, k and v must be 4-D (B, S, H, D); got {shapes()}")
     for axis, label in ((0, "batch (B)"), (2, "heads (H)"), (3, "head dim (D)")):
         if len({t.shape[axis] for t in tensors.values()}) > 1:
-            raise ValueError(f"q, k and v disagree on {label}, axis {axis} of (B, S, H, D): {shapes}")
+            raise ValueError(f"q, k and v disagree on {label}, axis {axis} of (B, S, H, D): {shapes()}")
     if k.shape[1] != v.shape[1]:
-        raise ValueError(f"k and v must have the same sequence length (axis 1 of (B, S, H, D)): {shapes}")
+        raise ValueError(f"k and v must have the same sequence length (axis 1 of (B, S, H, D)): {shapes()}")
     if len({t.dtype for t in tensors.values()}) > 1:
         dtypes = ", ".join(f"{n} {t.dtype}" for n, t in tensors.items())
         raise ValueError(f"q, k and v must share a dtype; got {dtypes}")
@@ -118,7 +127,7 @@ def select_backend(
     needs_grad = _needs_grad(q, k, v)
     for name, source in (
         (backend, "the backend= argument"),
-        (_CHOSEN.get(), "attention_backend(...)"),
+        (_chosen_by_context(), "attention_backend(...)"),
         (os.environ.get(ENV_VAR) or None, f"${ENV_VAR}"),
     ):
         if name is None:

@@ -56,6 +56,8 @@ class AttentionBackend:
 
     def unusable_reason(self) -> str | None:
         """Why this backend is unusable on this machine, or None. Probed once, then cached."""
+        if self.name in _PROBES:  # no lock once probed: torch.compile cannot trace one
+            return _PROBES[self.name]
         with _LOCK:
             if self.name not in _PROBES:
                 _PROBES[self.name] = self.probe()
@@ -118,6 +120,8 @@ def _names(items) -> str:
 
 def _load_builtins() -> None:
     global _builtins_loaded
+    if _builtins_loaded:  # no lock once loaded: torch.compile cannot trace one
+        return
     with _LOCK:
         if _builtins_loaded:
             return

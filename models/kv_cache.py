@@ -142,11 +142,12 @@ class KVCache(nn.Module):
 
     # ---------------------------------------------------------------- writing
     @torch.compiler.disable
-    def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, first_frame: int) -> None:
+    def write(self, layer: int | slice, key: torch.Tensor, value: torch.Tensor, first_frame: int) -> None:
         """Store one layer's un-rotated ``key``/``value`` (B, F * frame_tokens, H, D) of frames
-        ``first_frame .. first_frame + F - 1``. Call :meth:`commit` once all layers have written."""
+        ``first_frame .. first_frame + F - 1``; with ``layer`` a slice, the stacked keys/values of
+        those layers, (L, B, F * frame_tokens, H, D). Call :meth:`commit` once all layers have written."""
         t = self.frame_tokens
-        num_frames = key.shape[1] // t
+        num_frames = key.shape[-3] // t
         slots = [self.slot_of(first_frame + i) for i in range(num_frames)]
         kept = [(i, s) for i, s in enumerate(slots) if s is not None]
         if not kept:
@@ -157,13 +158,13 @@ class KVCache(nn.Module):
             # contiguous frames into contiguous slots: a plain slice copy
             a, b = src[0] * t, (src[-1] + 1) * t
             c, d = dst[0] * t, (dst[-1] + 1) * t
-            self.k[layer, :, c:d].copy_(key[:, a:b])
-            self.v[layer, :, c:d].copy_(value[:, a:b])
+            self.k[layer, :, c:d].copy_(key[..., a:b, :, :])
+            self.v[layer, :, c:d].copy_(value[..., a:b, :, :])
             return
         src_index = self._token_index(src, key.device)
         dst_index = self._token_index(dst, key.device)
-        self.k[layer].index_copy_(1, dst_index, key.index_select(1, src_index).to(self.k.dtype))
-        self.v[layer].index_copy_(1, dst_index, value.index_select(1, src_index).to(self.v.dtype))
+        self.k[layer].index_copy_(-3, dst_index, key.index_select(-3, src_index).to(self.k.dtype))
+        self.v[layer].index_copy_(-3, dst_index, value.index_select(-3, src_index).to(self.v.dtype))
 
     def commit(self, first_frame: int, num_frames: int) -> None:
         """Record that frames ``first_frame .. first_frame + num_frames - 1`` are now held."""

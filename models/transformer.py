@@ -35,7 +35,7 @@ from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
-from vidgen.attention import AttentionPattern, dispatch_attention
+from vidgen.attention import AttentionPattern, available_backends, dispatch_attention
 from vidgen.models import wan_checkpoint
 from vidgen.models.kv_cache import KVCache
 from vidgen.models.rope import RopePositionMode, WanRope, apply_rope, frame_positions, rope_shift
@@ -199,6 +199,12 @@ class SelfAttentionContext:
     # what the cached keys' rotation depends on besides the held frames (KVCache.workspace);
     # None: rotate and concatenate the cache view in every layer
     cache_stamp: tuple | None = None
+    # KVCache.workspace's (keys, values, held), fetched once per call before the blocks run, so the
+    # blocks touch no cache bookkeeping (nothing for torch.compile to break its graph on)
+    workspace: tuple[torch.Tensor, torch.Tensor, int] | None = None
+    # with a workspace and a cache write: (L, B, S, H, D) un-rotated keys and values of this call,
+    # filled by the blocks and written into the cache once they have all run
+    staged: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class SequenceParallel(Protocol):
@@ -237,18 +243,22 @@ def attend(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ctx: SelfAttentionContext, layer: int
 ) -> torch.Tensor:
     """Self-attention of un-rotated (B, S, H, D) queries/keys/values over the cached frames and
-    themselves; writes the keys/values into the cache when ``ctx.write_frame`` is set."""
+    themselves; writes the keys/values into the cache when ``ctx.write_frame`` is set (with a
+    workspace: stages them in ``ctx.staged``, for the caller to write after the last block)."""
     query = apply_rope(query, *ctx.rope)
     new_key = apply_rope(key, *ctx.rope)
-    if ctx.kv_cache is None:
-        return dispatch_attention(query, new_key, value, pattern=ctx.pattern)
-    if ctx.cache_stamp is not None:  # the cache is rotated once per chunk: write this call's tail
-        keys, values, held = ctx.kv_cache.workspace(ctx.cache_rope, ctx.cache_stamp, key.shape[1], key.dtype)
+    if ctx.workspace is not None:  # the cache is rotated once per chunk: write this call's tail
+        keys, values, held = ctx.workspace
         all_key, all_value = keys[layer], values[layer]  # (B, held + S, H, D)
         all_key[:, held:].copy_(new_key)
         all_value[:, held:].copy_(value)
-    else:
-        all_key, all_value = _cache_and_new(key, value, new_key, ctx, layer)
+        if ctx.staged is not None:  # into the cache after the last block
+            ctx.staged[0][layer].copy_(key)
+            ctx.staged[1][layer].copy_(value)
+        return dispatch_attention(query, all_key, all_value, pattern=ctx.pattern)
+    if ctx.kv_cache is None:
+        return dispatch_attention(query, new_key, value, pattern=ctx.pattern)
+    all_key, all_value = _cache_and_new(key, value, new_key, ctx, layer)
     out = dispatch_attention(query, all_key, all_value, pattern=ctx.pattern)
     if ctx.write_frame is not None:  # only now: the write may overwrite slots read above
         ctx.kv_cache.write(layer, key, value, ctx.write_frame)
@@ -326,6 +336,19 @@ class CausalWanBlock(nn.Module):
         return (x.float() + _gate(self.ffn(h).float(), c_gate, t)).type_as(x)
 
 
+def run_blocks(
+    blocks: nn.ModuleList,
+    x: torch.Tensor,
+    modulation: torch.Tensor,
+    text: TextContext,
+    ctx: SelfAttentionContext,
+) -> torch.Tensor:
+    """All ``blocks`` on the tokens ``x`` (B, S, D): the region ``compile_blocks`` compiles."""
+    for layer, block in enumerate(blocks):
+        x = block(x, modulation, text, ctx, layer)
+    return x
+
+
 # ----------------------------------------------------------------------------- the model
 
 
@@ -390,6 +413,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
         self.proj_out = nn.Linear(dim, (out_channels or in_channels) * math.prod(patch_size))
         self.scale_shift_table = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
         self.gradient_checkpointing = False
+        self._compiled_blocks: Any = None  # compile_blocks()
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -493,6 +517,24 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
         return TextContext(keys, values)
 
     # ------------------------------------------------------------------ forward
+    def _attention_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype of the self-attention keys: autocast's when it is on, else the compute dtype."""
+        if torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return self.dtype
+
+    def compile_blocks(self, mode: str | None = None, dynamic: bool | None = False) -> None:
+        """torch.compile :func:`run_blocks`, all blocks as one graph.
+
+        The blocks do no cache bookkeeping (``forward`` fetches the attention workspace before them
+        and writes the new keys/values after them), so the graph has no breaks. Shapes are static by
+        default: one graph per number of held frames (a handful while the cache fills, then the
+        same one for every chunk), each specialised code rather than one dynamic-shape graph.
+        """
+        available_backends()  # probe them now: a first probe inside the graph would break it
+        # the function, not a bound method: a deep copy of the model runs its own blocks
+        self._compiled_blocks = torch.compile(run_blocks, mode=mode, dynamic=dynamic)
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -563,6 +605,16 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
             ctx.write_frame = frame_offset if update_cache else None
             if sequence_parallel is None and kv_cache.use_workspace:
                 ctx.cache_stamp = (shift, grid_h, grid_w)
+                new_tokens = frames * frame_tokens
+                dtype = self._attention_dtype(device)
+                ctx.workspace = kv_cache.workspace(ctx.cache_rope, ctx.cache_stamp, new_tokens, dtype)
+                # compiled, staged also when not writing: one graph per cache fill level, not two
+                if update_cache or self._compiled_blocks is not None:
+                    shape = (len(self.blocks), batch, new_tokens, *kv_cache.k.shape[3:])  # (L, B, S, H, D)
+                    ctx.staged = (
+                        torch.empty(shape, dtype=dtype, device=device),
+                        torch.empty(shape, dtype=dtype, device=device),
+                    )
 
         # 2. patchify: (B, C, F, H, W) -> (B, F * H' * W', D)
         x = self.patch_embedding(hidden_states).flatten(2).transpose(1, 2).contiguous()
@@ -580,12 +632,14 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
             modulation = modulation.unflatten(0, (batch, frames))  # (B, F, 6, D)
 
         # 4. blocks
-        for layer, block in enumerate(self.blocks):
-            if torch.is_grad_enabled() and self.gradient_checkpointing:
+        if torch.is_grad_enabled() and self.gradient_checkpointing:
+            for layer, block in enumerate(self.blocks):
                 x = self._gradient_checkpointing_func(block, x, modulation, text_context, ctx, layer)
-            else:
-                x = block(x, modulation, text_context, ctx, layer)
+        else:
+            x = (self._compiled_blocks or run_blocks)(self.blocks, x, modulation, text_context, ctx)
         if kv_cache is not None and update_cache:
+            if ctx.staged is not None:
+                kv_cache.write(slice(None), ctx.staged[0], ctx.staged[1], frame_offset)
             kv_cache.commit(frame_offset, frames)
 
         # 5. output norm, projection, unpatchify

@@ -179,12 +179,12 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         self._text_contexts.clear()
 
     def compile(self, mode: str | None = None) -> None:
-        """torch.compile every transformer block (dynamic shapes: the cache fills up over the first
-        chunks). The KV cache bookkeeping stays eager; the first chunks pay the compile time.
+        """torch.compile the transformer's blocks as one graph (see
+        ``CausalWanTransformer.compile_blocks``); the KV cache bookkeeping stays eager, around it.
+        The first chunks pay the compile time, one graph per cache fill level.
         ``mode``: torch.compile's mode (default: ``runtime.compile_mode``)."""
         mode = mode or self.config.runtime.compile_mode
-        for block in self.transformer.blocks:
-            block.compile(dynamic=True, mode=None if mode == "default" else mode)
+        self.transformer.compile_blocks(mode=None if mode == "default" else mode)
 
     def save_pretrained(self, path: str | os.PathLike) -> None:
         if getattr(self.transformer, "peft_config", None):  # peft's layers would be saved under other names

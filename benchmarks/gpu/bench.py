@@ -10,7 +10,7 @@ denoising of chunk k+1 on a second CUDA stream (:class:`OverlappedDecoder`):
 * ``dense``   -- dense chunk-vs-cache attention, sdpa (cuDNN / flash kernels inside torch);
 * ``flash``   -- dense, flash-attn 2 (skipped with the reason when flash-attn is not installed);
 * ``radial``  -- ``generation.attention = "radial"`` (about 38 % of the keys), compiled FlexAttention;
-* ``compiled``-- dense sdpa with every block under ``torch.compile`` (``--compile-mode``, default
+* ``compiled``-- dense sdpa, the transformer's blocks as one ``torch.compile`` graph (``--compile-mode``, default
   ``default``; ``max-autotune-no-cudagraphs`` tunes kernels but may not fit in the 8 minutes);
 * ``fp8``     -- FP8 weights and activations through torchao (``runtime.quantize = "fp8"``), on GPUs
   of compute capability >= 8.9; skipped with the reason elsewhere.
