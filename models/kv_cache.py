@@ -19,9 +19,10 @@ writes its chunk's keys into the tail: no re-rotation and no concatenation of th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -115,6 +116,26 @@ class KVCache(nn.Module):
             f if keep_sinks and s < self.sink_frames else -1 for s, f in enumerate(self.slot_frames)
         ]
         self.version += 1
+
+    @contextlib.contextmanager
+    def sinks_only(self) -> Iterator[None]:
+        """Inside, the cache shows attention only its sink frames; frames written inside are held
+        afterwards beside the window frames held before (except those whose slots they took).
+
+        The cache pass writes each chunk of context this way, so that a window frame's keys and
+        values depend on the sinks and its own chunk alone, never on frames that have left the
+        window: a resumed video can rebuild them exactly from the latents it holds."""
+        before = list(self.slot_frames)
+        self.slot_frames = [f if s < self.sink_frames else -1 for s, f in enumerate(before)]
+        self.version += 1
+        try:
+            yield
+        finally:
+            after = self.slot_frames
+            self.slot_frames = [
+                a if s < self.sink_frames or a >= 0 else b for s, (a, b) in enumerate(zip(after, before))
+            ]
+            self.version += 1
 
     # ---------------------------------------------------------------- reading
     # The bookkeeping is plain Python: under torch.compile it runs eagerly (a graph break), so the

@@ -11,6 +11,8 @@ then holds both (batch 2B), since their keys and values differ after the first c
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +51,41 @@ def context_groups(frames, chunk_frames: int) -> list[list[int]]:
         else:
             groups.append([frame])
     return groups
+
+
+def write_held(
+    denoiser: ChunkDenoiser,
+    cache: KVCache,
+    held: Mapping[int, torch.Tensor],
+    conditioning: Conditioning,
+    key: Hashable,
+    written: dict[tuple[int, ...], Hashable],
+    generator_of: Callable[[int], torch.Generator | None],
+    full: bool = False,
+) -> dict[tuple[int, ...], Hashable]:
+    """The cache pass: bring ``cache`` to the clean latents ``held`` (latent frame -> (B, C, 1, h, w)),
+    written under ``conditioning`` in contiguous runs of at most one chunk (groups); returns what
+    the cache then holds (group -> ``key``), to pass back as ``written`` next time.
+
+    The sinks are written in order, each group seeing the sink groups before it; every other group
+    sees only the sinks and itself (:meth:`KVCache.sinks_only`). So a group's keys and values
+    depend on the sinks, its own latents and the conditioning alone -- never on frames that have
+    left the window -- and the cache is a function of ``held`` and ``key``. What ``written`` says is
+    already there under the same ``key`` is kept (after a chunk, only that chunk is written); an
+    empty ``written``, new sink groups, a new ``key`` or ``full`` rewrite everything. ``generator_of(first_frame)``: the
+    context noise of a group (same group, same draw)."""
+    groups = [tuple(g) for g in context_groups(held, denoiser.chunk_frames)]
+    sinks = cache.sink_frames
+    if full or not written or any(written.get(g) != key for g in groups if g[0] < sinks):
+        cache.reset()
+        written = {}
+    for group in groups:
+        if written.get(group) == key:
+            continue
+        latents = torch.cat([held[f] for f in group], dim=2)
+        with contextlib.nullcontext() if group[0] < sinks else cache.sinks_only():
+            denoiser.write_context(latents, conditioning, cache, group[0], generator_of(group[0]))
+    return dict.fromkeys(groups, key)
 
 
 class ChunkDenoiser:

@@ -7,8 +7,8 @@
 2. due drift actions run (KV re-cache under a new prompt, periodic re-cache);
 3. the denoiser makes the chunk's latents from seeded noise against the KV cache, at the noise
    levels the plan gives (the executor, :mod:`vidgen.pipelines.run`, runs the plan as it is);
-4. statistics anchoring pulls drifted latents back; the cache is rebuilt from the clean latents of
-   the frames it holds, the chunk's among them, so the latents alone determine it;
+4. statistics anchoring pulls drifted latents back; the chunk's clean latents are written into the
+   cache, seeing only the sinks and itself, so the held latents alone determine the cache;
 5. the streaming decoder turns the latents into frames; the drift monitor measures the chunk.
 
 Every chunk's noise comes from ``(seed, chunk index)``, so a chunk is the same whether the video is

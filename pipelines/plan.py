@@ -25,7 +25,9 @@ class DriftAction(str, Enum):
     RECACHE_PROMPT = "recache_prompt"
     """Rebuild the KV cache under the chunk's (new) conditioning before denoising it."""
     RECACHE_PERIODIC = "recache_periodic"
-    """Rebuild the KV cache from the clean latents (periodic drift correction)."""
+    """Rewrite the KV cache from the clean latents. Every entry already depends only on the held
+    latents, the sinks and the prompt, so this gives the same cache: kept for configurations that
+    ask for it, it corrects nothing."""
     REANCHOR = "reanchor"
     """Start collecting new anchor statistics (the prompt changed what the video should look like)."""
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from vidgen.config import GenerationConfig, VidgenConfig
 from vidgen.models import KVCache
-from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning, context_groups
+from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning, write_held
 from vidgen.pipelines.drift import DriftMeasures, DriftMonitor, StatsAnchor
 from vidgen.pipelines.plan import ChunkPlanner, DriftAction, GenerationMode, PlannedChunk
 from vidgen.pipelines.scheduler import FlowSchedule
@@ -158,7 +158,8 @@ class VideoRun:
             attention=g.attention,
         )
         self.history: dict[int, torch.Tensor] = {}  # latent frame -> (1, C, 1, h, w), the cached frames
-        self._sinks_written: tuple | None = None  # the conditioning the sink slots hold keys for
+        # a group of frames in the cache -> the conditioning it was written under (write_held)
+        self._written: dict[tuple[int, ...], Hashable] = {}
         self.decoder = streaming_decoder(pipe.vae) if decode else None  # None: decoded elsewhere
         if self.decoder is not None:
             self.decoder.reset()
@@ -184,27 +185,26 @@ class VideoRun:
             del self.history[frame]
 
     @torch.no_grad()
-    def rebuild_cache(self, chunk: PlannedChunk, conditioning: Conditioning, purpose: int) -> None:
-        """The one cache pass: the cache emptied, then the clean latents of the frames it holds
-        written in frame order under ``conditioning`` (``chunk``'s), in contiguous runs of at most
-        one chunk.
-
-        Every write of context goes through here (after each chunk, for a clip, for a drift
-        re-cache), so the cache is a function of the held latents and the conditioning alone -- never
-        of frames that have left the window -- and a resumed video rebuilds exactly the cache the
-        uninterrupted one had from the few latents its state holds. The sinks see nothing before
-        them, so when they and the conditioning are those of the last pass, their keys and values
-        would come out the same and are kept."""
-        groups = context_groups(self.history, self.config.generation.chunk_frames)
-        sinks = list(range(self.cache.sink_frames))
-        key = (chunk.prompt, chunk.previous_prompt, round(chunk.prompt_weight, 4), purpose)
-        keep = bool(sinks) and groups[:1] == [sinks] and self._sinks_written == key
-        self.cache.reset(keep_sinks=keep)
-        self._sinks_written = key if groups[:1] == [sinks] else None
-        for group in groups[1:] if keep else groups:
-            latents = torch.cat([self.history[f] for f in group], dim=2)
-            generator = _chunk_generator(self.seed, group[0], purpose, latents.device)
-            self.denoiser.write_context(latents, conditioning, self.cache, group[0], generator)
+    def rebuild_cache(self, chunk: PlannedChunk, conditioning: Conditioning, full: bool = False) -> None:
+        """The one cache pass (:func:`~vidgen.pipelines.denoiser.write_held`): the cache brought to
+        the clean latents of the frames it holds, under ``conditioning`` (``chunk``'s). Every write
+        of context goes through here (after each chunk, for a clip, for a drift re-cache, on
+        resume), and a window frame's keys and values depend on the sinks, its own chunk and the
+        conditioning alone, so a resumed video rebuilds exactly the cache the uninterrupted one
+        had from the few latents its state holds. After a chunk only that chunk is written;
+        ``full`` (a clip, a re-cache, a resume) rewrites everything."""
+        key = (chunk.prompt, chunk.previous_prompt, round(chunk.prompt_weight, 4))
+        device = self.pipe.device
+        self._written = write_held(
+            self.denoiser,
+            self.cache,
+            self.history,
+            conditioning,
+            key,
+            self._written,
+            lambda first_frame: _chunk_generator(self.seed, first_frame, 1, device),
+            full=full,
+        )
 
     @torch.no_grad()
     def prefill(self, prefix: torch.Tensor, negative: str) -> np.ndarray | None:
@@ -212,7 +212,7 @@ class VideoRun:
         trip (None without a decoder here)."""
         first = next(iter(self.planner.chunks(None)))
         self._hold(prefix, 0)
-        self.rebuild_cache(first, self.pipe._conditioning(first, self.guidance, negative), purpose=3)
+        self.rebuild_cache(first, self.pipe._conditioning(first, self.guidance, negative), full=True)
         # warm the streaming decoder so the continuation decodes seamlessly
         if self.decoder is None:
             return None
@@ -228,7 +228,7 @@ class VideoRun:
         if DriftAction.REANCHOR in chunk.actions and self.anchor is not None:
             self.anchor.reset()
         if DriftAction.RECACHE_PROMPT in chunk.actions or DriftAction.RECACHE_PERIODIC in chunk.actions:
-            self.rebuild_cache(chunk, conditioning, purpose=2)
+            self.rebuild_cache(chunk, conditioning, full=True)
 
         latents = self._denoise(chunk, conditioning, callback)
         t1 = time.perf_counter()
@@ -238,7 +238,7 @@ class VideoRun:
             if corrected:
                 actions.append("anchor_correction")
         self._hold(latents, chunk.latent_start)
-        self.rebuild_cache(chunk, conditioning, purpose=1)  # the chunk joins the context
+        self.rebuild_cache(chunk, conditioning)  # the chunk joins the context
         measures = self.monitor.measure(latents, self.anchor, corrected) if self.monitor is not None else None
 
         t2 = time.perf_counter()
@@ -431,8 +431,7 @@ class VideoRun:
             self.monitor.load_state(part("monitor."))
         chunk_index = int(extra["chunk_index"][0])
         done = next(c for c in self.planner.chunks(None) if c.index == chunk_index)
-        self._sinks_written = None
-        self.rebuild_cache(done, self.pipe._conditioning(done, self.guidance, negative), purpose=1)
+        self.rebuild_cache(done, self.pipe._conditioning(done, self.guidance, negative), full=True)
         self._resume_in_flight(extra, chunk_index)
         return chunk_index
 

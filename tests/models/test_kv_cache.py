@@ -255,3 +255,24 @@ def test_the_workspace_is_rebuilt_when_the_held_frames_change_and_allocated_once
         keys, _, held = cache.workspace(_identity_rope(cache), None, 3, torch.float32)
         assert keys.data_ptr() == storage
     assert held == 6 * 3 and keys.shape[2] == held + 3
+
+
+def test_sinks_only_shows_the_sinks_then_holds_the_new_frames_beside_the_window():
+    """Inside ``sinks_only`` attention sees the sink frames alone; a chunk written there takes its
+    ring slots, and the window frames it did not replace come back with their values."""
+    cache = _cache()
+    for chunk in range(3):  # sinks 0-1, window 2-5
+        _write_frames(cache, 2 * chunk, 2, fill=10 * chunk)
+    version = cache.version
+    with cache.sinks_only():
+        assert cache.cached_frames == [0, 1] and cache.frame_index().tolist() == [0, 1]
+        k, _ = cache.view(0)
+        assert k.shape[1] == 2 * 3 and k.unique().tolist() == [0.0]  # the sinks' keys only
+        assert cache.version > version  # a workspace built before is stale
+        _write_frames(cache, 6, 2, fill=30)  # frames 6-7 take the slots of frames 2-3
+    assert sorted(cache.cached_frames) == [0, 1, 4, 5, 6, 7]
+    by_frame = dict(zip(cache.cached_frames, cache.view(0)[0][0, ::3, 0, 0].tolist()))
+    assert by_frame == {0: 0.0, 1: 0.0, 4: 20.0, 5: 20.0, 6: 30.0, 7: 30.0}
+    with pytest.raises(RuntimeError), cache.sinks_only():  # an error inside restores the window too
+        raise RuntimeError
+    assert sorted(cache.cached_frames) == [0, 1, 4, 5, 6, 7]

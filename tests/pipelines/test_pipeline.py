@@ -357,8 +357,44 @@ def test_the_cache_rebuilt_on_resume_is_the_cache_of_the_run(tmp_path):
     assert torch.equal(resumed.cache.k, run.cache.k) and torch.equal(resumed.cache.v, run.cache.v)
     # the history is what determines it: a changed latent changes the rebuilt cache
     resumed.history[max(resumed.history)] += 0.1
-    resumed.rebuild_cache(chunk, pipe._conditioning(chunk, 2.0, ""), purpose=1)
+    resumed.rebuild_cache(chunk, pipe._conditioning(chunk, 2.0, ""), full=True)
     assert not torch.equal(resumed.cache.k, run.cache.k)
+
+
+def test_a_window_chunk_is_written_once_and_sees_only_the_sinks(monkeypatch):
+    """After the first chunk each chunk costs one cache write, of itself; and a window chunk's keys
+    do not depend on the other window chunks (only on the sinks and its own latents)."""
+    from vidgen.pipelines.denoiser import ChunkDenoiser
+    from vidgen.pipelines.run import VideoRun
+
+    pipe = tiny_components(**FP32)
+    g = pipe.config.generation
+    changes, _ = pipe._check_request(PROMPT, None, None, 3, g.fps)
+    planner = pipe._planner(pipe.config, changes, g.num_inference_steps)
+    run = VideoRun(pipe, pipe.config, planner, 16, 16, 1.0, seed=5, steps=g.num_inference_steps)
+    writes: list[int] = []
+    original = ChunkDenoiser.write_context
+    monkeypatch.setattr(
+        ChunkDenoiser,
+        "write_context",
+        lambda self, x, c, cache, first, gen=None: (
+            writes.append(first) or original(self, x, c, cache, first, gen)
+        ),
+    )
+    for chunk in run.planner.chunks(16 * 2):
+        before = len(writes)
+        run.make_chunk(chunk, "", None)
+        assert writes[before:] == [chunk.latent_start]  # the chunk itself, nothing rewritten
+    assert sorted(run.cache.cached_frames) == [0, 1, 6, 7, 8, 9]
+    newest = [run.cache.slot_of(f) for f in (8, 9)]
+    tokens = [s * run.cache.frame_tokens + i for s in newest for i in range(run.cache.frame_tokens)]
+    keys = run.cache.k[:, :, tokens].clone()
+    run.history[6] = run.history[6] + 1.0  # another window chunk's latents change ...
+    run.rebuild_cache(chunk, pipe._conditioning(chunk, 1.0, ""), full=True)
+    torch.testing.assert_close(run.cache.k[:, :, tokens], keys, rtol=0, atol=0)  # ... not the newest's keys
+    run.history[0] = run.history[0] + 1.0  # a sink's do
+    run.rebuild_cache(chunk, pipe._conditioning(chunk, 1.0, ""), full=True)
+    assert not torch.equal(run.cache.k[:, :, tokens], keys)
 
 
 def test_a_state_saved_by_an_older_version_is_refused(pipe, tmp_path):

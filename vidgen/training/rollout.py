@@ -17,7 +17,7 @@ from torch import nn
 from vidgen.attention import AttentionPattern
 from vidgen.config import VidgenConfig
 from vidgen.models import CausalWanTransformer, KVCache
-from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning, context_groups
+from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning, write_held
 from vidgen.pipelines.scheduler import FlowSchedule, add_noise, shift_sigma, timestep_of
 from vidgen.training.configs import DistillTrainConfig
 
@@ -101,6 +101,7 @@ class Rollout:
         # a fresh copy of chunk i's write generator for each time its frames are written again
         write_states = [g.get_state() if g is not None else None for g in write_generators or []]
         held: dict[int, torch.Tensor] = {}  # latent frame -> clean latents, the frames the cache holds
+        written: dict = {}  # what the cache holds (write_held)
         outputs, recorded = [], []
         for i, noise in enumerate(noises):
             offset = i * self.chunk_frames
@@ -125,18 +126,21 @@ class Rollout:
             outputs.append(x)
             recorded.append(levels)
             if i + 1 < len(noises):  # nothing reads the last chunk's context
-                self._write_context(denoiser, x.detach(), conditioning, cache, offset, held, write_states)
+                written = self._write_context(
+                    denoiser, x.detach(), conditioning, cache, offset, held, written, write_states
+                )
         return torch.cat(outputs, dim=2), recorded
 
-    def _write_context(self, denoiser, clean, conditioning, cache, offset, held, write_states) -> None:
-        """The pipeline's cache pass (``VideoRun.rebuild_cache``): once a frame leaves the window,
-        the cache is rebuilt from the clean latents it holds; until then that pass writes exactly
-        what writing the new chunk alone does, which is all this does."""
+    def _write_context(self, denoiser, clean, conditioning, cache, offset, held, written, write_states):
+        """The pipeline's cache pass (``VideoRun.rebuild_cache``, :func:`write_held`): the chunk
+        joins the held frames, frames that left the window leave them, and the cache is brought to
+        them; returns what the cache holds (the ``written`` of the next call)."""
         f = self.chunk_frames
         for k in range(clean.shape[2]):
             held[offset + k] = clean[:, :, k : k + 1]
         kept = cache.frames_kept(held)
-        evicted = [frame for frame in held if frame not in kept]
+        for frame in [frame for frame in held if frame not in kept]:
+            del held[frame]
 
         def generator(first_frame: int) -> torch.Generator | None:
             chunk = first_frame // f
@@ -146,15 +150,7 @@ class Rollout:
             fresh.set_state(write_states[chunk])
             return fresh
 
-        if not evicted:
-            denoiser.write_context(clean, conditioning, cache, offset, generator(offset))
-            return
-        for frame in evicted:
-            del held[frame]
-        cache.reset()
-        for group in context_groups(held, f):
-            latents = torch.cat([held[frame] for frame in group], dim=2)
-            denoiser.write_context(latents, conditioning, cache, group[0], generator(group[0]))
+        return write_held(denoiser, cache, held, conditioning, "rollout", written, generator)
 
 
 def reading_view(cache: KVCache) -> KVCache:
