@@ -276,3 +276,30 @@ def test_sinks_only_shows_the_sinks_then_holds_the_new_frames_beside_the_window(
     with pytest.raises(RuntimeError), cache.sinks_only():  # an error inside restores the window too
         raise RuntimeError
     assert sorted(cache.cached_frames) == [0, 1, 4, 5, 6, 7]
+
+
+def test_sinks_only_without_sinks_holds_frame_zero_written_inside():
+    cache = _cache(sink_frames=0)
+    with cache.sinks_only():
+        assert cache.cached_frames == []
+        _write_frames(cache, 0, 2, fill=1)
+    assert cache.cached_frames == [0, 1]
+
+
+def test_a_workspace_built_inside_sinks_only_is_not_reused_after_it():
+    """Leaving ``sinks_only`` changes what attention sees: the rotated workspace is rebuilt."""
+    cache = _cache()
+    for chunk in range(3):
+        _write_frames(cache, 2 * chunk, 2, fill=10 * chunk)
+
+    def identity(frames):
+        shape = (1, frames * cache.frame_tokens, 1, 2)
+        return torch.ones(shape), torch.zeros(shape)
+
+    with cache.sinks_only():
+        _, _, held = cache.workspace(identity(2), "stamp", 3, torch.float32)
+        assert held == 2 * 3
+        _write_frames(cache, 6, 2, fill=30)  # a chunk written against the sinks, committed
+    keys, _, held = cache.workspace(identity(6), "stamp", 3, torch.float32)
+    assert held == 6 * 3
+    assert sorted(keys[0, 0, :held:3, 0, 0].tolist()) == [0.0, 0.0, 20.0, 20.0, 30.0, 30.0]

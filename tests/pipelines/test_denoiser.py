@@ -6,7 +6,7 @@ import torch
 
 from vidgen.attention import AttentionPattern
 from vidgen.models import CausalWanTransformer, KVCache, RopePositionMode
-from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning, context_groups
+from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning, context_groups, write_held
 from vidgen.pipelines.scheduler import FlowSchedule, add_noise
 
 TINY = dict(
@@ -257,3 +257,78 @@ def test_autocast_only_when_asked(model):
         expected = _direct(model, latents, 0.5, text.cond, cache, 0).float()
     torch.testing.assert_close(half.predict(latents, sigmas, text, cache, 0), expected, atol=1e-6, rtol=0)
     assert not torch.allclose(expected, low, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- the cache pass
+class _Recording(ChunkDenoiser):
+    """Records the first frame of every context write."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.writes: list[int] = []
+
+    def write_context(self, clean, conditioning, cache, frame_offset, generator=None) -> None:
+        self.writes.append(frame_offset)
+        super().write_context(clean, conditioning, cache, frame_offset, generator)
+
+
+def _sink_cache(model) -> KVCache:
+    return model.make_kv_cache(batch_size=1, latent_height=H, latent_width=W, sink_frames=2, window_frames=4)
+
+
+def _held(frames, seed: int = 20) -> dict[int, torch.Tensor]:
+    return {f: _latents(1, seed + f) for f in frames}
+
+
+def _slots(cache: KVCache, frames) -> list[int]:
+    t = cache.frame_tokens
+    return [cache.slot_of(f) * t + i for f in frames for i in range(t)]
+
+
+def test_the_cache_pass_writes_what_is_new_and_keeps_what_is_written(model):
+    denoiser = _Recording(model, FlowSchedule(2), chunk_frames=2)
+    cache, cond, drawn = _sink_cache(model), Conditioning(_text(model, 1)), []
+    written = write_held(denoiser, cache, _held(range(4)), cond, "a", {}, drawn.append)
+    assert written == {(0, 1): "a", (2, 3): "a"} and denoiser.writes == [0, 2] and drawn == [0, 2]
+    held = _held(range(6))
+    written = write_held(denoiser, cache, held, cond, "a", written, drawn.append)
+    assert denoiser.writes == [0, 2, 4] and sorted(cache.cached_frames) == list(range(6))
+    keys = cache.k.clone()
+    write_held(denoiser, cache, held, cond, "a", written, drawn.append, full=True)  # everything again ...
+    assert denoiser.writes[3:] == [0, 2, 4] and torch.equal(cache.k, keys)  # ... to the same values
+    write_held(denoiser, cache, held, Conditioning(_text(model, 2)), "b", written, drawn.append)
+    assert denoiser.writes[6:] == [0, 2, 4] and not torch.allclose(cache.k, keys)  # a new prompt: all
+
+
+def test_a_window_chunk_sees_the_sinks_and_itself_only(model):
+    """Its keys are those of writing it right after the sinks, whatever the other window chunks hold."""
+    denoiser = ChunkDenoiser(model, FlowSchedule(2), chunk_frames=2)
+    cond = Conditioning(_text(model, 1))
+    held = _held(range(6))
+    cache = _sink_cache(model)
+    write_held(denoiser, cache, held, cond, "a", {}, lambda frame: None)
+    reference = _sink_cache(model)
+    denoiser.write_context(torch.cat([held[0], held[1]], dim=2), cond, reference, 0)
+    denoiser.write_context(torch.cat([held[4], held[5]], dim=2), cond, reference, 4)
+    newest = _slots(cache, (4, 5))
+    torch.testing.assert_close(cache.k[:, :, newest], reference.k[:, :, newest], atol=1e-6, rtol=0)
+    # the chunk before it (frames 2-3) attends to the sinks only as well, not to nothing
+    alone = _sink_cache(model)
+    denoiser.write_context(torch.cat([held[2], held[3]], dim=2), cond, alone, 2)
+    assert not torch.allclose(cache.k[:, :, _slots(cache, (2, 3))], alone.k[:, :, _slots(alone, (2, 3))])
+
+
+def test_the_cache_pass_follows_frames_that_leave_the_window(model):
+    denoiser = _Recording(model, FlowSchedule(2), chunk_frames=2)
+    cache, cond = _sink_cache(model), Conditioning(_text(model, 1))
+    written = write_held(denoiser, cache, _held(range(6)), cond, "a", {}, lambda frame: None)
+    slid = _held([0, 1, 4, 5, 6, 7])  # frames 2-3 left the window for 6-7
+    written = write_held(denoiser, cache, slid, cond, "a", written, lambda frame: None)
+    assert denoiser.writes == [0, 2, 4, 6] and sorted(cache.cached_frames) == [0, 1, 4, 5, 6, 7]
+    assert written == {(0, 1): "a", (4, 5): "a", (6, 7): "a"}
+    write_held(denoiser, cache, _held([0, 1, 6, 7]), cond, "a", written, lambda frame: None, full=True)
+    assert sorted(cache.cached_frames) == [0, 1, 6, 7]  # a full pass forgets what it does not hold
+    # new sink groups rewrite everything: frame 1 alone is no longer the chunk it was written in
+    denoiser.writes.clear()
+    write_held(denoiser, cache, _held([0, 6, 7]), cond, "a", {(0, 1): "a", (6, 7): "a"}, lambda frame: None)
+    assert denoiser.writes == [0, 6] and sorted(cache.cached_frames) == [0, 6, 7]
