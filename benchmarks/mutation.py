@@ -75,6 +75,9 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "indent=1, :: `1` -> `2`#1": "whitespace of the JSON text; the plan read back is the same",
     },
     "pipelines/denoiser.py": {
+        "with contextlib.nullcontext() if group[0] < sinks else cache.sinks_only(): :: `<` -> `<=`#1": (
+            "the group starting at frame sink_frames is written only when the cache holds just the sinks"
+        ),
         "if frames <= self.chunk_frames: :: `<=` -> `<`#1": (
             "a block-causal pattern over a single chunk hides nothing: the same as no pattern"
         ),

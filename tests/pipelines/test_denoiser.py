@@ -288,7 +288,8 @@ def _slots(cache: KVCache, frames) -> list[int]:
 def test_the_cache_pass_writes_what_is_new_and_keeps_what_is_written(model):
     denoiser = _Recording(model, FlowSchedule(2), chunk_frames=2)
     cache, cond, drawn = _sink_cache(model), Conditioning(_text(model, 1)), []
-    written = write_held(denoiser, cache, _held(range(4)), cond, "a", {}, drawn.append)
+    written = write_held(denoiser, cache, _held(range(2)), cond, "a", {}, drawn.append)
+    written = write_held(denoiser, cache, _held(range(4)), cond, "a", written, drawn.append)
     assert written == {(0, 1): "a", (2, 3): "a"} and denoiser.writes == [0, 2] and drawn == [0, 2]
     held = _held(range(6))
     written = write_held(denoiser, cache, held, cond, "a", written, drawn.append)
