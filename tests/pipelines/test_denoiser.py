@@ -4,23 +4,12 @@ attention patterns, each against the model called directly (float32, CPU)."""
 import pytest
 import torch
 
+from tests.models.conftest import TINY
 from vidgen.attention import AttentionPattern
 from vidgen.models import CausalWanTransformer, KVCache, RopePositionMode
 from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning, context_groups, write_held
 from vidgen.pipelines.scheduler import FlowSchedule, add_noise
 
-TINY = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=2,
-    attention_head_dim=12,
-    in_channels=4,
-    out_channels=4,
-    text_dim=16,
-    freq_dim=32,
-    ffn_dim=32,
-    num_layers=2,
-    rope_max_seq_len=64,
-)
 H = W = 4  # latent size: 2x2 tokens per frame
 
 

@@ -1,19 +1,11 @@
 """``ChunkPlan.summary``: frame ranges end with the video, context is said in words."""
 
-from vidgen.pipelines.plan import ChunkPlan, ChunkPlanner, PromptChange
+from tests.pipelines.test_plan import _planner
+from vidgen.pipelines.plan import ChunkPlan, PromptChange
 
 
 def _plan(num_frames: int, storyboard=None) -> ChunkPlan:
-    planner = ChunkPlanner(
-        chunk_frames=2,
-        sink_frames=2,
-        window_frames=4,
-        temporal_factor=4,
-        fps=16,
-        sigmas=[1.0, 0.5, 0.0],
-        storyboard=storyboard or [PromptChange(0.0, "a red circle")],
-        transition_chunks=2,
-    )
+    planner = _planner(storyboard=storyboard or [PromptChange(0.0, "a red circle")], transition_chunks=2)
     return ChunkPlan(list(planner.chunks(num_frames)), num_frames, 16, 64, 64, "chunkwise")
 
 
