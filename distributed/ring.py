@@ -146,15 +146,15 @@ def ring_attention(
     ``ctx.rope`` and ``ctx.cache_rope`` cover the whole sequence and are cut to this rank's tokens.
     """
     layout = ShardLayout(ctx.frame_tokens * group.size, group.size)
-    rope = [group.shard(t, layout.frame_tokens) for t in ctx.rope]
-    q = apply_rope(query, *rope)
-    k, v = apply_rope(key, *rope), value
+    rope = group.shard(ctx.rope, layout.frame_tokens)
+    q = apply_rope(query, rope)
+    k, v = apply_rope(key, rope), value
     cache = ctx.kv_cache
     if cache is not None:
         cached_key, cached_value = cache.view(layer)  # (B, held * T/P, H, D)
         if cached_key.shape[1]:
-            cache_rope = [group.shard(t, layout.frame_tokens) for t in ctx.cache_rope]
-            k = torch.cat([apply_rope(cached_key.to(key.dtype), *cache_rope), k], dim=1)
+            cache_rope = group.shard(ctx.cache_rope, layout.frame_tokens)
+            k = torch.cat([apply_rope(cached_key.to(key.dtype), cache_rope), k], dim=1)
             v = torch.cat([cached_value.to(value.dtype), v], dim=1)
     block = torch.stack([k, v])  # (2, B, S_kv, H, D): what travels, already rotated
 

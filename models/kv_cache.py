@@ -199,7 +199,7 @@ class KVCache(nn.Module):
     @torch.compiler.disable
     def workspace(
         self,
-        cache_rope: tuple[torch.Tensor, torch.Tensor],
+        cache_rope: torch.Tensor,
         stamp: object,
         new_tokens: int,
         dtype: torch.dtype,
@@ -232,7 +232,7 @@ class KVCache(nn.Module):
         if self._ws_stamp != (self.version, stamp):
             for layer in range(self.num_layers):  # layer by layer: no (L, ...) float32 temporaries
                 k, v = self.view(layer)
-                keys[layer, :, :held] = apply_rope(k.to(dtype), *cache_rope)
+                keys[layer, :, :held] = apply_rope(k.to(dtype), cache_rope)
                 values[layer, :, :held] = v
             self._ws_stamp = (self.version, stamp)
             self.workspace_refreshes += 1

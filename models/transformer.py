@@ -189,10 +189,10 @@ class SelfAttentionContext:
     also when the blocks run on a shard of it: a :class:`SequenceParallel` takes the part it needs.
     """
 
-    rope: tuple[torch.Tensor, torch.Tensor]  # query/new-key rotation (1, S, 1, D/2)
+    rope: torch.Tensor  # query/new-key rotation (1, S, 1, D/2, 2)
     pattern: AttentionPattern | None
     kv_cache: KVCache | None = None
-    cache_rope: tuple[torch.Tensor, torch.Tensor] | None = None  # rotation of cached keys
+    cache_rope: torch.Tensor | None = None  # rotation of cached keys
     write_frame: int | None = None  # first latent frame to write into the cache, None: read only
     frame_tokens: int = 0  # tokens per latent frame in the blocks' input (per-frame modulation)
     parallel: SequenceParallel | None = None  # None: the blocks see every token
@@ -245,8 +245,8 @@ def attend(
     """Self-attention of un-rotated (B, S, H, D) queries/keys/values over the cached frames and
     themselves; writes the keys/values into the cache when ``ctx.write_frame`` is set (with a
     workspace: stages them in ``ctx.staged``, for the caller to write after the last block)."""
-    query = apply_rope(query, *ctx.rope)
-    new_key = apply_rope(key, *ctx.rope)
+    query = apply_rope(query, ctx.rope)
+    new_key = apply_rope(key, ctx.rope)
     if ctx.workspace is not None:  # the cache is rotated once per chunk: write this call's tail
         keys, values, held = ctx.workspace
         all_key, all_value = keys[layer], values[layer]  # (B, held + S, H, D)
@@ -272,7 +272,7 @@ def _cache_and_new(key, value, new_key, ctx: SelfAttentionContext, layer: int):
     cached_key, cached_value = cache.view(layer)  # views into the buffers
     all_key, all_value = new_key, value
     if cached_key.shape[1]:
-        all_key = torch.cat([apply_rope(cached_key.to(key.dtype), *cache_rope), new_key], dim=1)
+        all_key = torch.cat([apply_rope(cached_key.to(key.dtype), cache_rope), new_key], dim=1)
         all_value = torch.cat([cached_value.to(value.dtype), value], dim=1)
     return all_key, all_value
 

@@ -135,6 +135,9 @@ class VideoRun:
     ) -> None:
         g, d = config.generation, config.drift
         self.pipe = pipe
+        # asked for every chunk: the model's answer walks its modules (diffusers), and no
+        # device changes during a video
+        self.device: torch.device = pipe.device
         self.config = config
         self.planner = planner
         self.seed = seed
@@ -194,7 +197,7 @@ class VideoRun:
         had from the few latents its state holds. After a chunk only that chunk is written;
         ``full`` (a clip, a re-cache, a resume) rewrites everything."""
         key = (chunk.prompt, chunk.previous_prompt, round(chunk.prompt_weight, 4))
-        device = self.pipe.device
+        device = self.device
         self._written = write_held(
             self.denoiser,
             self.cache,
@@ -263,7 +266,7 @@ class VideoRun:
     def _noise(self, chunk: PlannedChunk) -> torch.Tensor:
         h, w = self.latent_hw
         shape = (1, self.pipe.transformer.config.in_channels, chunk.latent_end - chunk.latent_start, h, w)
-        device = self.pipe.device
+        device = self.device
         return _randn(shape, _chunk_generator(self.seed, chunk.index, 0, device), device)
 
     def _denoise(self, chunk: PlannedChunk, conditioning: Conditioning, callback) -> torch.Tensor:
@@ -278,7 +281,7 @@ class VideoRun:
 
         if self.planner.mode == GenerationMode.DIFFUSION_FORCING:
             return self._denoise_pipelined(chunk, conditioning, on_step)
-        step_generator = _chunk_generator(self.seed, chunk.index, 4, pipe.device)
+        step_generator = _chunk_generator(self.seed, chunk.index, 4, self.device)
         return self.denoiser.denoise(
             self._noise(chunk),
             conditioning,
@@ -412,7 +415,7 @@ class VideoRun:
                 f"{k} {saved.get(k)!r} (now {v!r})" for k, v in settings.items() if saved.get(k) != v
             )
             raise InputError(f"{path} was saved with different settings ({changed})")
-        device = self.pipe.device
+        device = self.device
         extra = {
             k.removeprefix("extra."): v for k, v in load_file(os.fspath(path), device=str(device)).items()
         }

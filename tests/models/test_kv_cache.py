@@ -145,9 +145,14 @@ def test_workspace_attends_like_the_view_and_rotates_once_per_chunk():
     assert caches[False].workspace_refreshes == 0
 
 
-def _identity_rope(cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+def _identity_rope(cache: KVCache) -> torch.Tensor:
     tokens = cache.num_cached_frames * cache.frame_tokens
-    return torch.ones(1, tokens, 1, 2), torch.zeros(1, tokens, 1, 2)  # head_dim 4: two pairs
+    return _identity_rotation(tokens)
+
+
+def _identity_rotation(tokens: int) -> torch.Tensor:
+    """(cos, sin) = (1, 0) for each of the two channel pairs of head_dim 4."""
+    return torch.stack((torch.ones(1, tokens, 1, 2), torch.zeros(1, tokens, 1, 2)), dim=-1)
 
 
 @pytest.mark.parametrize(
@@ -293,8 +298,7 @@ def test_a_workspace_built_inside_sinks_only_is_not_reused_after_it():
         _write_frames(cache, 2 * chunk, 2, fill=10 * chunk)
 
     def identity(frames):
-        shape = (1, frames * cache.frame_tokens, 1, 2)
-        return torch.ones(shape), torch.zeros(shape)
+        return _identity_rotation(frames * cache.frame_tokens)
 
     with cache.sinks_only():
         _, _, held = cache.workspace(identity(2), "stamp", 3, torch.float32)

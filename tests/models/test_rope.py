@@ -40,8 +40,9 @@ def test_axis_split_is_wans(head_dim, dims):
 def test_rotation_tables_match_the_closed_form_per_token():
     """Frame positions given out of order and repeated, a non-square grid: every token's angles."""
     head_dim, frames, height, width = 16, [3, 0, 7, 7], 2, 3
-    cos, sin = WanRope(head_dim, max_seq_len=16)(torch.tensor(frames), height, width)
-    assert cos.shape == sin.shape == (1, len(frames) * height * width, 1, head_dim // 2)
+    rotation = WanRope(head_dim, max_seq_len=16)(torch.tensor(frames), height, width)
+    assert rotation.shape == (1, len(frames) * height * width, 1, head_dim // 2, 2)
+    cos, sin = rotation.unbind(-1)
     angles = _reference_angles(head_dim, frames, height, width)
     torch.testing.assert_close(cos[0, :, 0].double(), angles.cos(), atol=1e-6, rtol=0)
     torch.testing.assert_close(sin[0, :, 0].double(), angles.sin(), atol=1e-6, rtol=0)
@@ -49,12 +50,12 @@ def test_rotation_tables_match_the_closed_form_per_token():
 
 def test_default_theta_and_length_are_wans():
     rope = WanRope(12)
-    cos, sin = rope(torch.tensor([5]), 1, 1)
+    cos, sin = rope(torch.tensor([5]), 1, 1).unbind(-1)
     angles = _reference_angles(12, [5], 1, 1, theta=10000.0)
     torch.testing.assert_close(cos[0, :, 0].double(), angles.cos(), atol=1e-6, rtol=0)
     torch.testing.assert_close(sin[0, :, 0].double(), angles.sin(), atol=1e-6, rtol=0)
     # the tables reach position 1023 and no further
-    assert rope(torch.tensor([1023]), 1, 1)[0].shape[1] == 1
+    assert rope(torch.tensor([1023]), 1, 1).shape[1] == 1
     with pytest.raises(IndexError):
         rope(torch.tensor([1024]), 1, 1)
 
@@ -63,26 +64,51 @@ def test_default_theta_and_length_are_wans():
 def test_a_grid_larger_than_the_tables_is_refused(height, width, ok):
     rope = WanRope(12, max_seq_len=8)
     if ok:
-        assert rope(torch.tensor([0]), height, width)[0].shape[1] == height * width
+        assert rope(torch.tensor([0]), height, width).shape[1] == height * width
     else:
         with pytest.raises(ValueError, match="exceeds rope_max_seq_len=8"):
             rope(torch.tensor([0]), height, width)
 
 
-def test_apply_rope_rotates_each_channel_pair_as_a_complex_number():
-    """Pair (2i, 2i+1) as x_2i + i x_2i+1, multiplied by e^{i angle}; float64 reference."""
+def _rotation(angles: torch.Tensor) -> torch.Tensor:
+    return torch.stack((angles.cos(), angles.sin()), dim=-1).float()
+
+
+def _rotation_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x`` (B, S, H, D), its rotation and the float64 reference: pair (2i, 2i+1) as
+    x_2i + i x_2i+1, multiplied by e^{i angle}."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 6, 3, 8, generator=g)  # (B, S, H, D)
+    x = torch.randn(2, 6, 3, 8, generator=g)
     angles = torch.rand(1, 6, 1, 4, generator=g, dtype=torch.float64) * 2 * math.pi
-    out = apply_rope(x, angles.cos().float(), angles.sin().float())
-    assert out.shape == x.shape and out.dtype == x.dtype
     pairs = torch.complex(x[..., 0::2].double(), x[..., 1::2].double()) * torch.polar(
         torch.ones_like(angles), angles
     )
-    expected = torch.stack((pairs.real, pairs.imag), dim=-1).flatten(-2)
+    return x, _rotation(angles), torch.stack((pairs.real, pairs.imag), dim=-1).flatten(-2)
+
+
+def test_apply_rope_rotates_each_channel_pair_as_a_complex_number():
+    x, rotation, expected = _rotation_case()
+    out = apply_rope(x, rotation)
+    assert out.shape == x.shape and out.dtype == x.dtype
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
     # bf16 keys come back bf16, rotated in float32
-    assert apply_rope(x.bfloat16(), angles.cos().float(), angles.sin().float()).dtype == torch.bfloat16
+    assert apply_rope(x.bfloat16(), rotation).dtype == torch.bfloat16
+    # a key cut from a fused projection (a strided view) rotates as its contiguous copy
+    fused = torch.cat([x, torch.zeros_like(x)], dim=-1)[..., :8]
+    torch.testing.assert_close(apply_rope(fused, rotation), out, atol=0, rtol=0)
+
+
+def test_compiled_apply_rope_takes_the_real_valued_form_with_the_same_result():
+    """Inductor generates no code for complex tensors: under torch.compile the rotation is written
+    with real multiplies (no complex-operator warning), and the result is the eager one's."""
+    import warnings
+
+    x, rotation, expected = _rotation_case()
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*complex.*")
+        out = torch.compile(apply_rope, fullgraph=True)(x, rotation)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
 
 
 def test_attention_scores_depend_only_on_the_frame_distance():
@@ -92,9 +118,9 @@ def test_attention_scores_depend_only_on_the_frame_distance():
     q, k = torch.randn(1, 1, 1, 16, generator=g), torch.randn(1, 1, 1, 16, generator=g)
 
     def score(query_frame: int, key_frame: int) -> float:
-        cq, sq = rope(torch.tensor([query_frame]), 1, 1)
-        ck, sk = rope(torch.tensor([key_frame]), 1, 1)
-        return float((apply_rope(q, cq, sq) * apply_rope(k, ck, sk)).sum())
+        rq = rope(torch.tensor([query_frame]), 1, 1)
+        rk = rope(torch.tensor([key_frame]), 1, 1)
+        return float((apply_rope(q, rq) * apply_rope(k, rk)).sum())
 
     assert score(9, 4) == pytest.approx(score(30, 25), abs=1e-4)
     assert score(9, 4) != pytest.approx(score(9, 5), abs=1e-3)

@@ -60,9 +60,9 @@ def _inputs(args: argparse.Namespace, key_frames: list[int], device: torch.devic
     rope = WanRope(dim)
     first = key_frames[-args.chunk_frames]
     shift = rope_shift(first, RopePositionMode.ROLLING, args.sink_frames, args.window_frames)
-    cos, sin = rope(frame_positions(torch.tensor(key_frames), shift, args.sink_frames), h, w)
-    k = apply_rope(k, cos, sin)
-    q = apply_rope(q, cos[:, -q_len:], sin[:, -q_len:])
+    rotation = rope(frame_positions(torch.tensor(key_frames), shift, args.sink_frames), h, w)
+    k = apply_rope(k, rotation)
+    q = apply_rope(q, rotation[:, -q_len:])
     return (t.to(device) for t in (q, k, v))
 
 
