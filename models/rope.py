@@ -103,12 +103,18 @@ def apply_rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     cosine and sine of each pair's angle (:class:`WanRope`'s output)."""
     pairs = x.float().unflatten(-1, (-1, 2))  # (B, S, H, D/2, 2)
     if torch.compiler.is_compiling():  # Inductor generates no code for complex tensors
-        cos, sin = rotation.unbind(-1)
-        x_even, x_odd = pairs.unbind(-1)
-        rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
-    else:  # one complex multiply, 4-10x faster than the real-valued form above in eager mode
+        rotated = rotate_pairs_real(pairs, rotation)
+    else:  # one complex multiply, 4-10x faster than the real-valued form in eager mode
         rotated = torch.view_as_real(torch.view_as_complex(pairs) * torch.view_as_complex(rotation))
     return rotated.flatten(-2).type_as(x)
+
+
+def rotate_pairs_real(pairs: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_rope`'s rotation of (..., D/2, 2) channel pairs written with real multiplies
+    (what it runs under ``torch.compile``)."""
+    cos, sin = rotation.unbind(-1)
+    x_even, x_odd = pairs.unbind(-1)
+    return torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
 
 
 def rope_shift(first_query_frame: int, mode: RopePositionMode, sink_frames: int, window_frames: int) -> int:

@@ -5,6 +5,7 @@
     python benchmarks/default_model/diagnose.py steps        [--model DIR]
     python benchmarks/default_model/diagnose.py autoencoder  [--model DIR]
     python benchmarks/default_model/diagnose.py overfit --run RUN --model DIR  # after --overfit-clips
+    python benchmarks/default_model/diagnose.py failures     [--model DIR]   # why frames fail
 
 Each prints one table; all run on one thread. ``--model`` is a pipeline folder (default: the
 embedded model; a training checkpoint becomes one with ``vidgen train export``); ``--transformer``
@@ -167,16 +168,67 @@ def overfit(pipe, run: str, seconds: float = 2.0) -> None:
         shape.append(np.mean([f.shape == named.shape for f in report.frames]))
         colour.append(np.mean([f.color == named.color for f in report.frames]))
         passing.append(report.frame_pass_rate)
-        print(f"{k:3d} shape {shape[-1]:4.0%} colour {colour[-1]:4.0%} passing {passing[-1]:4.0%}  {sample.text}")
+        print(
+            f"{k:3d} shape {shape[-1]:4.0%} colour {colour[-1]:4.0%} passing {passing[-1]:4.0%}  {sample.text}"
+        )
     print(
         f"{len(shape)} prompts: shape right {np.mean(shape):.0%}, colour right {np.mean(colour):.0%}, "
         f"frames passing {np.mean(passing):.0%}"
     )
 
 
+def failures(pipe, prompts: int = 12, seconds: float = 5.0) -> None:
+    """Why frames fail rules 1-5 on held-out prompts: the first failed rule; for the area rule,
+    whether the mask is too small or too large, in how many pieces, and touching the border; and
+    the share of frames passing per second of video (does it go wrong at the start or later?)."""
+    num_frames = 1 + 4 * round(seconds * world.FPS / 4)
+    reasons: dict[str, int] = {}
+    small = large = pieces = edge = area_failures = 0
+    passed_by_second = np.zeros(int(np.ceil(num_frames / world.FPS)))
+    frames_by_second = np.zeros_like(passed_by_second)
+    for k, prompt in enumerate(held_out_prompts(prompts, seed=3)):
+        frames = _frames(pipe, prompt, num_frames, seed=k)
+        report = evaluate_video(frames, prompt)
+        spec = parse_prompt(prompt)
+        sizes = [world.SIZES[spec.size]] if spec.size is not None else list(world.SIZES.values())
+        low = min(world.shape_area(spec.shape, s) for s in sizes)
+        high = max(world.shape_area(spec.shape, s) for s in sizes)
+        for f, record in enumerate(report.frames):
+            passed_by_second[f // world.FPS] += record.passed
+            frames_by_second[f // world.FPS] += 1
+            if record.passed:
+                continue
+            reasons[record.reason or "?"] = reasons.get(record.reason or "?", 0) + 1
+            if record.reason != "area":
+                continue
+            area_failures += 1
+            small += record.area < 0.5 * low
+            large += record.area > 1.8 * high
+            offset = frames[f].astype(np.float32) - np.asarray(record.background, dtype=np.float32)
+            target = np.asarray(record.object_color, dtype=np.float32) - np.asarray(record.background)
+            mask = (offset**2).sum(-1) > 0.25 * (target**2).sum()
+            pieces += ndimage.label(mask)[1] > 1
+            edge += bool(mask[0].any() or mask[-1].any() or mask[:, 0].any() or mask[:, -1].any())
+        print(f"{k:3d} passing {report.frame_pass_rate:4.0%}  {prompt}")
+    total = prompts * num_frames
+    print(
+        f"frames failing: {sum(reasons.values())} of {total}: "
+        + ", ".join(f"{r} {n}" for r, n in reasons.items())
+    )
+    if area_failures:
+        print(
+            f"area failures: too small {small / area_failures:.0%}, too large {large / area_failures:.0%}, "
+            f"in 2+ pieces {pieces / area_failures:.0%}, touching the border {edge / area_failures:.0%}"
+        )
+    by_second = passed_by_second / frames_by_second
+    print("frames passing by second: " + " ".join(f"{x:.0%}" for x in by_second))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("check", choices=["shape-word", "probe", "steps", "autoencoder", "overfit"])
+    parser.add_argument(
+        "check", choices=["shape-word", "probe", "steps", "autoencoder", "overfit", "failures"]
+    )
     parser.add_argument("--model", help="pipeline folder (default: the embedded model)")
     parser.add_argument("--transformer", help="a transformer folder to probe instead")
     parser.add_argument("--run", help="overfit: the --overfit-clips training run")
@@ -187,7 +239,8 @@ def main() -> None:
     pipe.set_progress_bar_config(disable=True)
     if args.check == "overfit":
         return overfit(pipe, args.run)
-    {"shape-word": shape_word, "probe": probe, "steps": steps, "autoencoder": autoencoder}[args.check](pipe)
+    checks = {"shape-word": shape_word, "probe": probe, "steps": steps, "autoencoder": autoencoder}
+    {**checks, "failures": failures}[args.check](pipe)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from vidgen.models.rope import (
     axis_dims,
     frame_positions,
     rope_shift,
+    rotate_pairs_real,
 )
 
 
@@ -96,6 +97,12 @@ def test_apply_rope_rotates_each_channel_pair_as_a_complex_number():
     # a key cut from a fused projection (a strided view) rotates as its contiguous copy
     fused = torch.cat([x, torch.zeros_like(x)], dim=-1)[..., :8]
     torch.testing.assert_close(apply_rope(fused, rotation), out, atol=0, rtol=0)
+
+
+def test_the_real_valued_rotation_is_the_complex_one():
+    x, rotation, expected = _rotation_case()
+    out = rotate_pairs_real(x.unflatten(-1, (-1, 2)), rotation).flatten(-2)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
 
 
 def test_compiled_apply_rope_takes_the_real_valued_form_with_the_same_result():
