@@ -19,6 +19,10 @@ Who calls whom::
 * Eviction: a replica evicts sessions idle for ``idle_timeout_s``. With ``persist_dir`` (storage
   every replica can read) an evicted session is saved first and restored on its next request, so
   the video continues as if it had never stopped; it also survives the crash of its replica.
+* Sequence parallelism (``sp > 1``): each replica is rank 0 of ``sp`` processes on one node (Serve
+  reserves a bundle per rank), the others being follower actors it starts; every chunk of a session
+  is made by all of them together, Ulysses or ring attention as ``runtime.sp_kind`` decides
+  (:mod:`vidgen.serving.followers`). Persisted sessions keep one state file per rank.
 * :class:`RaySessions` implements ``vidgen.pipelines.session.SessionBackend`` (``open``,
   ``chunks``, ``change_prompt``, ``stop``, plus ``info``, ``extend`` and ``replica_of``) over a
   deployment handle, for the Gradio page.
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import ipaddress
 import threading
 from collections.abc import Iterator
@@ -89,6 +94,8 @@ class SessionReplica:
         idle_timeout_s: float = 600.0,
         check_every_s: float | None = None,
         loopback: bool = False,
+        sp: int = 1,
+        follower_options: dict[str, Any] | None = None,
     ) -> None:
         import os
         import uuid
@@ -103,11 +110,19 @@ class SessionReplica:
         if os.environ.get("OMP_NUM_THREADS"):
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         self.replica_id = serve.get_replica_context().replica_id.unique_id
+        pipe = spec.load()
+        self.leader: Any = None
+        self.followers: list[Any] = []
+        if sp > 1:  # this replica is rank 0 of sp; see vidgen.serving.followers
+            from vidgen.serving.followers import start_followers
+
+            self.leader, self.followers = start_followers(pipe, spec, sp, follower_options or {})
         self.store = SessionManager(
-            spec.load(),
+            pipe,
             persist_dir=persist_dir,
             idle_timeout_s=idle_timeout_s,
             new_id=lambda: f"{self.replica_id}.{uuid.uuid4().hex}",
+            streamer=self.leader,
         )
         # one compute thread: the pipeline runs one chunk at a time
         self.compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vidgen-compute")
@@ -152,7 +167,16 @@ class SessionReplica:
         return {"replica": self.replica_id, "live": session_id in state["sessions"]}
 
     async def stats(self) -> dict[str, Any]:
-        return {"replica": self.replica_id, **self.store.describe()}
+        """The replica's sessions; with sequence parallelism, its group's kind and its followers'
+        own stats (process, chunks made, streams open)."""
+        stats = {"replica": self.replica_id, **self.store.describe()}
+        if self.leader is not None:
+            from vidgen.serving.followers import placement_group_id
+
+            stats["sp_kind"] = self.leader.group.kind
+            stats["placement_group"] = placement_group_id()
+            stats["followers"] = await asyncio.gather(*(f.stats.remote() for f in self.followers))
+        return stats
 
     async def info(self):
         return self.store.info
@@ -167,6 +191,9 @@ class SessionReplica:
     def __del__(self) -> None:
         self._closing.set()
         self.store.close()
+        if self.leader is not None:
+            with contextlib.suppress(Exception):  # the followers may be gone already
+                self.leader.shutdown()
 
 
 def deployment(
@@ -180,8 +207,11 @@ def deployment(
     cpus_per_replica: float = 1.0,
     max_sessions_per_replica: int = 16,
     loopback: bool = False,
+    sp: int = 1,
 ):
-    """The bound Serve application: ``replicas`` copies of :class:`SessionReplica`."""
+    """The bound Serve application: ``replicas`` copies of :class:`SessionReplica`, each one
+    ``sp`` processes (the replica and ``sp - 1`` followers, on one node) with ``cpus_per_replica``
+    CPUs (or a GPU) each."""
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
@@ -192,6 +222,11 @@ def deployment(
         "num_gpus": 1 if gpu else 0,
         "runtime_env": {"env_vars": worker_env(loopback)},
     }
+    placement: dict[str, Any] = {}
+    if sp > 1:
+        # one bundle per rank, on one node: the replica takes the first, its followers the others
+        bundle = {"CPU": cpus_per_replica, **({"GPU": 1} if gpu else {})}
+        placement = {"placement_group_bundles": [bundle] * sp, "placement_group_strategy": "STRICT_PACK"}
     cls = serve.deployment(
         SessionReplica,
         name="SessionReplica",
@@ -200,8 +235,11 @@ def deployment(
         # a session being read holds one request for as long as it streams
         max_ongoing_requests=4 * max_sessions_per_replica,
         request_router_config=RequestRouterConfig(request_router_class=ROUTER),
+        **placement,
     )
-    return cls.bind(spec, str(persist_dir) if persist_dir else None, idle_timeout_s, check_every_s, loopback)
+    return cls.bind(
+        spec, str(persist_dir) if persist_dir else None, idle_timeout_s, check_every_s, loopback, sp, options
+    )
 
 
 class RaySessions:
@@ -227,30 +265,45 @@ class RaySessions:
         overrides: dict[str, Any] | None = None,
         cpus_per_replica: float = 1.0,
         app_name: str = APP_NAME,
+        sp: int = 1,
+        sp_kind: str | None = None,
     ) -> RaySessions:
         """Deploy the pipeline (``model``, ``config``, ``overrides`` as in ``from_pretrained``) on
-        ``replicas`` Serve replicas (None: one per GPU, or one on a CPU-only cluster)."""
+        ``replicas`` Serve replicas (None: one per ``sp`` GPUs, or one on a CPU-only cluster).
+
+        ``sp``: processes per replica sharing each video's tokens (sequence parallelism);
+        ``sp_kind``: ``"ulysses"``, ``"ring"`` or ``"auto"`` (None: the config's
+        ``runtime.sp_kind``). A degree the model cannot run raises ``DegreeError`` before Ray starts.
+        """
+        from vidgen.distributed.ray_cluster import DegreeError, RayParallelism
+        from vidgen.pipelines.loading import resolve_model
+
+        RayParallelism(sp=sp)  # a positive integer
+        overrides = {**(overrides or {}), **({"runtime.sp_kind": sp_kind} if sp_kind else {})}
+        spec = PipelineSpec(model=model, config=config, overrides=overrides)
+        resolve_model(model, None)  # a missing folder fails here, as ModelLoadError, not in a replica
+        if sp > 1:
+            from vidgen.serving.followers import serving_kind
+
+            serving_kind(spec, sp)  # a degree the model cannot split fails here, not in a replica
         from ray import serve
 
         from vidgen.distributed.ray_cluster import connect, is_loopback_cluster, uses_gpus
-        from vidgen.pipelines.loading import resolve_model
 
-        resolve_model(model, None)  # a missing folder fails here, as ModelLoadError, not in a replica
         started = connect(address)
         gpu = uses_gpus()
         if replicas is None:
             import ray
 
-            replicas = int(ray.cluster_resources().get("GPU", 0)) if gpu else 1
+            replicas = max(1, int(ray.cluster_resources().get("GPU", 0)) // sp) if gpu else 1
         if replicas < 1:
-            from vidgen.distributed.ray_cluster import DegreeError
-
             raise DegreeError(f"replicas must be >= 1, got {replicas}")
         loopback = is_loopback_cluster()
         # the page reaches the replicas through the handle: no HTTP proxy, no open port
         serve.start(proxy_location="Disabled", http_options={"host": "127.0.0.1"})
         app = deployment(
-            PipelineSpec(model=model, config=config, overrides=dict(overrides or {})),
+            spec,
+            sp=sp,
             replicas=replicas,
             persist_dir=persist_dir,
             idle_timeout_s=idle_timeout_s,
