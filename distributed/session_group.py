@@ -25,7 +25,6 @@ same frames (the manager hands out only those not delivered yet), just more slow
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import sys
 import threading
@@ -45,7 +44,12 @@ Command = tuple[Any, ...]
 """``("open", key, kwargs)``, ``("next", key)``, ``("close", key)`` or ``("shutdown",)``."""
 
 Send = Callable[[Command], Callable[[], None]]
-"""Delivers a command to the followers; returns what waits for them to have carried it out."""
+"""Delivers a command to the followers; returns what waits for them to have carried it out (and
+raises :class:`GroupLost` if one of them is gone)."""
+
+
+class GroupLost(RuntimeError):
+    """A rank of the group is gone (its process died): the group cannot make chunks any more."""
 
 
 def rank_state_path(state_path: str | Path, rank: int) -> Path:
@@ -102,6 +106,8 @@ class SessionLeader:
         self.send: Send = send or self._broadcast
         self.lock = threading.RLock()
         self._keys = itertools.count()
+        self.lost: GroupLost | None = None
+        """Set once ``send`` reports a follower gone; every later step raises it at once."""
 
     def _broadcast(self, command: Command) -> Callable[[], None]:
         self.group.broadcast_object(command)
@@ -114,14 +120,25 @@ class SessionLeader:
     def step(self, command: Command, own: Callable[[], Any]) -> Any:
         """Send ``command`` to the followers, then run ``own`` (rank 0's part of it)."""
         with self.lock:
+            if self.lost is not None:
+                raise self.lost
             done = self.send(command)
             try:
                 result = own()
-            except BaseException:  # StopIteration too: the followers' streams end with rank 0's
-                with contextlib.suppress(Exception):  # the same error, met there: rank 0's is raised
+            except BaseException as error:  # StopIteration too: the followers' streams end with rank 0's
+                try:
                     done()
+                except GroupLost as lost:  # the cause of rank 0's error (a collective without its peer)
+                    self.lost = lost
+                    raise lost from error
+                except Exception:  # the same error, met there: rank 0's is raised
+                    pass
                 raise
-            done()
+            try:
+                done()
+            except GroupLost as lost:
+                self.lost = lost
+                raise
             return result
 
     def shutdown(self) -> None:
@@ -209,4 +226,4 @@ class SessionFollower:
                 print(f"vidgen: rank {self.group.rank}: session stream failed: {err}", file=sys.stderr)
 
 
-__all__ = ["SessionFollower", "SessionLeader", "check_frame_tokens", "rank_state_path"]
+__all__ = ["GroupLost", "SessionFollower", "SessionLeader", "check_frame_tokens", "rank_state_path"]

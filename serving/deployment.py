@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import ipaddress
 import threading
 from collections.abc import Iterator
@@ -111,18 +110,17 @@ class SessionReplica:
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         pipe = spec.load()
-        self.leader: Any = None
-        self.followers: list[Any] = []
+        self.group: Any = None
         if sp > 1:  # this replica is rank 0 of sp; see vidgen.serving.followers
-            from vidgen.serving.followers import start_followers
+            from vidgen.serving.followers import ReplicaGroup
 
-            self.leader, self.followers = start_followers(pipe, spec, sp, follower_options or {})
+            self.group = ReplicaGroup.start(pipe, spec, sp, follower_options or {})
         self.store = SessionManager(
             pipe,
             persist_dir=persist_dir,
             idle_timeout_s=idle_timeout_s,
             new_id=lambda: f"{self.replica_id}.{uuid.uuid4().hex}",
-            streamer=self.leader,
+            streamer=self.group.leader if self.group is not None else None,
         )
         # one compute thread: the pipeline runs one chunk at a time
         self.compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vidgen-compute")
@@ -170,16 +168,19 @@ class SessionReplica:
         """The replica's sessions; with sequence parallelism, its group's kind and its followers'
         own stats (process, chunks made, streams open)."""
         stats = {"replica": self.replica_id, **self.store.describe()}
-        if self.leader is not None:
-            from vidgen.serving.followers import placement_group_id
-
-            stats["sp_kind"] = self.leader.group.kind
-            stats["placement_group"] = placement_group_id()
-            stats["followers"] = await asyncio.gather(*(f.stats.remote() for f in self.followers))
+        if self.group is not None:
+            stats.update(await self.group.stats())
         return stats
 
     async def info(self):
         return self.store.info
+
+    async def check_health(self) -> None:
+        """Called by Serve every few seconds; a replica that fails it is replaced. With sequence
+        parallelism, a replica whose follower died (its group is broken) fails it: the new replica
+        restores persisted sessions."""
+        if self.group is not None:
+            await self.group.check()
 
     # ------------------------------------------------------------------ eviction
     def _evict_loop(self, every: float) -> None:
@@ -191,9 +192,8 @@ class SessionReplica:
     def __del__(self) -> None:
         self._closing.set()
         self.store.close()
-        if self.leader is not None:
-            with contextlib.suppress(Exception):  # the followers may be gone already
-                self.leader.shutdown()
+        if self.group is not None:
+            self.group.close()
 
 
 def deployment(
@@ -283,9 +283,9 @@ class RaySessions:
         spec = PipelineSpec(model=model, config=config, overrides=overrides)
         resolve_model(model, None)  # a missing folder fails here, as ModelLoadError, not in a replica
         if sp > 1:
-            from vidgen.serving.followers import serving_kind
+            from vidgen.serving.followers import check_serving_degree
 
-            serving_kind(spec, sp)  # a degree the model cannot split fails here, not in a replica
+            check_serving_degree(spec, sp)  # a degree the model cannot split fails here, not in a replica
         from ray import serve
 
         from vidgen.distributed.ray_cluster import connect, is_loopback_cluster, uses_gpus

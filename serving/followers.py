@@ -6,45 +6,66 @@ reserves ``sp`` bundles on one node for each replica, see ``deployment``), and a
 one torch.distributed group (gloo on CPU, nccl on GPU) through a ``file://`` rendezvous on that
 node. The replica's ``SessionManager`` then runs every session's stream through a
 :class:`~vidgen.distributed.session_group.SessionLeader`, whose commands reach the followers as
-actor calls (:func:`start_followers`): a follower waits for Ray, not inside a collective, while the
-replica has nothing to do. The followers are the replica's actors: they die with it.
+actor calls (:class:`ReplicaGroup`): a follower waits for Ray, not inside a collective, while the
+replica has nothing to do. The followers are the replica's actors: they die with it; a follower
+that dies alone breaks the group, and the replica then fails Serve's health check
+(:meth:`ReplicaGroup.check`) and is replaced.
 
-:func:`serving_kind` decides Ulysses or ring (``runtime.sp_kind``) and checks the degree from the
-model folder's ``config.json`` before anything starts, so a degree the model cannot split is one
-line from ``vidgen serve``, not a replica that fails to start.
+:func:`group_kind` decides Ulysses or ring (``runtime.sp_kind``); :func:`check_serving_degree`
+checks the degree from the model folder's ``config.json`` before anything starts, so a degree the
+model cannot split is one line from ``vidgen serve``, not a replica that fails to start.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vidgen.distributed.ray_worker import PipelineSpec
+from vidgen.distributed.session_group import Command, GroupLost, Send, SessionLeader
 
 
-def serving_kind(spec: PipelineSpec, sp: int) -> str:
-    """``"ulysses"`` or ``"ring"`` for ``sp`` ranks of ``spec``'s model (``runtime.sp_kind``), or
-    :class:`~vidgen.distributed.ray_cluster.DegreeError` saying what to change. Reads the model
-    folder's config files only (no weights)."""
-    from vidgen.config import load_config
+def group_kind(sp_kind: str, transformer_config: Any, sp: int) -> str:
+    """``"ulysses"`` or ``"ring"`` (``runtime.sp_kind``) for ``sp`` ranks of a transformer with this
+    config (an object or a ``config.json`` dict), or :class:`~vidgen.distributed.ray_cluster.DegreeError`
+    saying what to change."""
     from vidgen.distributed.ray_cluster import DegreeError
     from vidgen.distributed.sequence_parallel import resolve_kind, validate_degrees
+
+    heads = (
+        transformer_config["num_attention_heads"]
+        if isinstance(transformer_config, dict)
+        else transformer_config.num_attention_heads
+    )
+    try:
+        kind = resolve_kind(sp_kind, int(heads), sp)
+        validate_degrees(transformer_config, sp, 1, sp, kind=kind)
+    except ValueError as err:
+        raise DegreeError(f"--sp {sp}: {err}") from None
+    return kind
+
+
+def check_serving_degree(spec: PipelineSpec, sp: int) -> None:
+    """:func:`group_kind` from the model folder's config files (no weights), before any replica
+    starts; a folder without ``transformer/config.json`` is left to the replicas to check."""
+    from vidgen.config import load_config
     from vidgen.pipelines.loading import resolve_model
 
     folder, config = resolve_model(spec.model, load_config(spec.config) if spec.config else None)
     if spec.overrides:
         config = config.replace(**spec.overrides)
-    transformer = json.loads((Path(folder) / "transformer" / "config.json").read_text())
-    heads = int(transformer["num_attention_heads"])
     try:
-        kind = resolve_kind(config.runtime.sp_kind, heads, sp)
-        validate_degrees(transformer, sp, 1, sp, kind=kind)
-    except ValueError as err:
-        raise DegreeError(f"--sp {sp}: {err}") from None
-    return kind
+        transformer = json.loads((Path(folder) / "transformer" / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    group_kind(config.runtime.sp_kind, transformer, sp)
 
 
 class SessionFollowerActor:
@@ -100,37 +121,87 @@ def placement_group_id() -> str | None:
     return placement.id.hex() if placement is not None else None
 
 
-def start_followers(pipe: Any, spec: PipelineSpec, sp: int, actor_options: dict[str, Any]):
-    """``(leader, followers)``: ranks 1 .. sp - 1 started in this replica's placement bundles 1 ..
-    sp - 1, one group joined with them, and the ``SessionLeader`` that steps it (rank 0 is here)."""
+@dataclass
+class ReplicaGroup:
+    """A Serve replica's sequence-parallel group: rank 0 (this process) leads, ``followers`` are
+    the actors of ranks 1 .. sp - 1."""
+
+    leader: SessionLeader
+    """The replica's ``SessionManager`` streamer."""
+    followers: list[Any]
+    rendezvous: Path
+    """The folder of the group's ``file://`` rendezvous (removed by :meth:`close`)."""
+
+    @classmethod
+    def start(cls, pipe: Any, spec: PipelineSpec, sp: int, actor_options: dict[str, Any]) -> ReplicaGroup:
+        """Start ranks 1 .. sp - 1 in this replica's placement bundles 1 .. sp - 1 and form the
+        group with them (rank 0 is this process, with ``pipe`` loaded)."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from vidgen.distributed.ray_cluster import file_init_method
+        from vidgen.distributed.sequence_parallel import init_process_group
+
+        kind = group_kind(pipe.config.runtime.sp_kind, pipe.transformer.config, sp)
+        rendezvous = Path(tempfile.mkdtemp(prefix="vidgen-sp-"))  # one node: the bundles pack
+        init_method = file_init_method(rendezvous)
+        placement = ray.util.get_current_placement_group()
+        actor = ray.remote(max_restarts=0, max_task_retries=0)(SessionFollowerActor)
+        followers = []
+        for rank in range(1, sp):
+            options = dict(actor_options)
+            if placement is not None:
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    placement_group=placement, placement_group_bundle_index=rank
+                )
+            followers.append(actor.options(**options).remote(spec, rank, sp, init_method, kind))
+        try:
+            ray.get([f.ready.remote() for f in followers])
+            joined = [f.join.remote() for f in followers]
+            group = init_process_group(0, sp, init_method, sp=sp, kind=kind)  # type: ignore[arg-type]
+            ray.get(joined)
+        except ray.exceptions.RayTaskError as err:
+            raise err.as_instanceof_cause() from None
+        return cls(SessionLeader(pipe, group, _actor_calls(followers)), followers, rendezvous)
+
+    async def check(self, timeout_s: float = 1.0) -> None:
+        """Raise :class:`GroupLost` if the group is broken: a step found a follower gone, or a
+        follower's process is gone now. One busy making a chunk does not answer within
+        ``timeout_s`` and counts as alive (a dead one's call fails at once)."""
+        import ray
+
+        if self.leader.lost is not None:
+            raise self.leader.lost
+        probes = [asyncio.ensure_future(_error_of(f.ready.remote())) for f in self.followers]
+        done, pending = await asyncio.wait(probes, timeout=timeout_s)
+        for probe in pending:
+            probe.cancel()
+        for probe in done:
+            err = probe.result()
+            if isinstance(err, ray.exceptions.RayActorError):
+                raise GroupLost(_lost(err))
+
+    async def stats(self) -> dict[str, Any]:
+        """The group's kind and placement group, and each follower's own stats."""
+        return {
+            "sp_kind": self.leader.group.kind,
+            "placement_group": placement_group_id(),
+            "followers": await asyncio.gather(*(f.stats.remote() for f in self.followers)),
+        }
+
+    def close(self) -> None:
+        """End the followers' streams (they die with the replica) and remove the rendezvous."""
+        with contextlib.suppress(Exception):  # the followers may be gone already
+            self.leader.shutdown()
+        shutil.rmtree(self.rendezvous, ignore_errors=True)
+
+
+def _actor_calls(followers: list[Any]) -> Send:
+    """The leader's ``send``: each command as an actor call to every follower (a Ray actor runs
+    one caller's calls in order)."""
     import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from vidgen.distributed.ray_cluster import file_init_method
-    from vidgen.distributed.sequence_parallel import init_process_group
-    from vidgen.distributed.session_group import SessionLeader
-
-    kind = serving_kind(spec, sp)
-    init_method = file_init_method(tempfile.mkdtemp(prefix="vidgen-sp-"))  # one node: the bundles pack
-    placement = ray.util.get_current_placement_group()
-    cls = ray.remote(max_restarts=0, max_task_retries=0)(SessionFollowerActor)
-    followers = []
-    for rank in range(1, sp):
-        options = dict(actor_options)
-        if placement is not None:
-            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                placement_group=placement, placement_group_bundle_index=rank
-            )
-        followers.append(cls.options(**options).remote(spec, rank, sp, init_method, kind))
-    try:
-        ray.get([f.ready.remote() for f in followers])
-        joined = [f.join.remote() for f in followers]
-        group = init_process_group(0, sp, init_method, sp=sp, kind=kind)  # type: ignore[arg-type]
-        ray.get(joined)
-    except ray.exceptions.RayTaskError as err:
-        raise err.as_instanceof_cause() from None
-
-    def send(command: tuple[Any, ...]):
+    def send(command: Command):
         calls = [f.handle.remote(command) for f in followers]
 
         def done() -> None:
@@ -138,7 +209,25 @@ def start_followers(pipe: Any, spec: PipelineSpec, sp: int, actor_options: dict[
                 ray.get(calls)
             except ray.exceptions.RayTaskError as err:  # a follower's error, as its own type
                 raise err.as_instanceof_cause() from None
+            except ray.exceptions.RayActorError as err:
+                raise GroupLost(_lost(err)) from None
 
         return done
 
-    return SessionLeader(pipe, group, send), followers
+    return send
+
+
+def _lost(err: Exception) -> str:
+    return (
+        f"a follower rank of this Serve replica died ({type(err).__name__}): the replica cannot make "
+        "chunks any more and fails its health check, so Serve replaces it; persisted sessions "
+        "continue on the new one"
+    )
+
+
+async def _error_of(ref: Any) -> Exception | None:
+    try:
+        await ref
+    except Exception as err:
+        return err
+    return None

@@ -1,7 +1,8 @@
 """Sessions on a sequence-parallel group (``SessionLeader`` on rank 0, ``SessionFollower`` on rank
 1, 2 CPU processes, ring attention for the 3-head model) hand out the frames of the same calls on a
 plain single-process ``SessionManager``: a prompt change mid-session, more seconds, eviction and
-restore from the ranks' persisted states, and a restore whose ranks' states disagree."""
+restore from the ranks' persisted states, and a restore whose ranks' states disagree. Then the
+leader's steps alone: a lost follower breaks the group for good; an error in a stream does not."""
 
 from __future__ import annotations
 
@@ -109,3 +110,49 @@ def test_sessions_on_two_ranks_hand_out_the_single_process_frames(three_heads, t
     assert [len(got["made"][k]) for k in "ab"] == [16 + 8 + 12, 12 + 8]
     for key in "ab":
         assert_frames_match(got["made"][key], expected[key])
+
+
+def _leader(follower_error: Exception | None):
+    """A leader of a 2-rank group whose follower answers every command with ``follower_error``."""
+    from vidgen.distributed.sequence_parallel import SequenceParallelGroup
+    from vidgen.distributed.session_group import SessionLeader
+
+    sent = []
+
+    def send(command):
+        sent.append(command)
+
+        def done() -> None:
+            if follower_error is not None:
+                raise follower_error
+
+        return done
+
+    group = SequenceParallelGroup(group=None, rank=0, size=2, kind="ring")
+    return SessionLeader(None, group, send), sent  # type: ignore[arg-type]  # no pipeline: steps only
+
+
+def test_a_lost_follower_fails_this_step_and_every_later_one_at_once():
+    from vidgen.distributed.session_group import GroupLost
+
+    leader, sent = _leader(GroupLost("rank 1 died"))
+
+    def collective_without_its_peer():
+        raise RuntimeError("gloo: connection closed by peer")
+
+    with pytest.raises(GroupLost, match="rank 1 died") as lost:  # the cause, not gloo's symptom
+        leader.step(("next", 0), collective_without_its_peer)
+    assert isinstance(lost.value.__cause__, RuntimeError)
+    ran = []
+    with pytest.raises(GroupLost):
+        leader.step(("next", 0), lambda: ran.append(1))
+    assert ran == [] and len(sent) == 1  # neither sent nor run: the group is broken
+
+
+def test_rank_zero_error_wins_over_the_one_a_follower_met():
+    leader, _ = _leader(ValueError("follower: bad size"))
+    with pytest.raises(KeyError):  # rank 0's own error, not the follower's
+        leader.step(("open", 0, {}), lambda: {}["missing"])
+    with pytest.raises(ValueError, match="follower"):  # a follower's error alone is raised too
+        leader.step(("next", 0), lambda: 5)
+    assert leader.lost is None  # an error in a stream does not break the group

@@ -1,10 +1,13 @@
 """A Ray Serve replica with sequence parallelism (``RaySessions.from_pretrained(sp=2)``: the replica
 is rank 0, one follower actor rank 1, ring attention for the 3-head model): a session hands out the
 frames of one process's video through a prompt change and more seconds, is evicted and restored
-from both ranks' states, and nothing listens off loopback (gloo included)."""
+from both ranks' states, and nothing listens off loopback (gloo included). Slow: a replica whose
+follower died is replaced, and the session goes on there."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import numpy as np
@@ -79,3 +82,27 @@ def test_a_session_on_two_ranks_hands_out_one_process_frames(sessions):
     board = [(0.0, RED), (21 / 16, BLUE)]  # the change applies from the end of the chunk made then
     expected = np.concatenate([c.frames for c in pipe.stream(storyboard=board, seconds=2.0, generator=5)])
     assert_frames_match(np.concatenate([first, second, third]), expected)
+
+
+@pytest.mark.slow
+def test_a_replica_whose_follower_died_is_replaced_and_the_session_goes_on(sessions):
+    """Killing rank 1 breaks the replica's group: it fails Serve's health check, Serve starts a new
+    replica (with a new follower), and the persisted session continues there with the frames of an
+    uninterrupted video."""
+    pipe = tiny_components(heads=3, **FP32)
+    sid = sessions.open(GenerationRequest(prompt=RED, seconds=1.0, seed=6))
+    first = _read(sessions, sid)
+    owner = sessions.replica_of(sid)["replica"]
+    [follower] = _stats(sessions)["followers"]
+    os.kill(follower["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 240
+    while sessions.replica_of(sid)["replica"] == owner:
+        assert time.monotonic() < deadline, "the replica with a dead follower was not replaced"
+        time.sleep(1.0)
+    sessions.extend(sid, 0.5)  # restored by the new replica, on both of its ranks
+    rest = _read(sessions, sid)
+    stats = _stats(sessions)
+    assert stats["restored"] == 1 and stats["followers"][0]["pid"] != follower["pid"]
+    sessions.stop(sid)
+    expected = np.concatenate([c.frames for c in pipe.stream(RED, seconds=1.5, generator=6)])
+    assert_frames_match(np.concatenate([first, rest]), expected)
