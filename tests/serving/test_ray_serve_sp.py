@@ -75,9 +75,15 @@ def test_a_session_on_two_ranks_hands_out_one_process_frames(sessions):
     sessions.extend(sid, 0.5)  # restored on both ranks from their states
     third = _read(sessions, sid)
     sessions.stop(sid)
+    # one without end, stopped while it is being read: its reader ends it on both ranks
+    endless = sessions.open(GenerationRequest(prompt=RED, seed=7))
+    reading = sessions.chunks(endless)
+    next(reading)
+    sessions.stop(endless)
+    assert len(list(reading)) < 10  # ends within a chunk or two
     stats = _stats(sessions)
     assert stats["evicted"] == 1 and stats["restored"] == 1
-    assert stats["followers"][0]["open"] == 0  # stopping closed rank 1's stream too
+    assert stats["sessions"] == [] and stats["followers"][0]["open"] == 0  # rank 1's streams closed too
 
     board = [(0.0, RED), (21 / 16, BLUE)]  # the change applies from the end of the chunk made then
     expected = np.concatenate([c.frames for c in pipe.stream(storyboard=board, seconds=2.0, generator=5)])
