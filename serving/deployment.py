@@ -35,13 +35,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import ipaddress
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vidgen.distributed.ray_worker import PipelineSpec
 from vidgen.pipelines.session import GenerationRequest, SessionNotFound
+
+if TYPE_CHECKING:
+    from vidgen.serving.followers import GroupSettings
 
 ROUTER = "vidgen.serving.router:SessionAffinityRouter"
 APP_NAME = "vidgen-sessions"
@@ -93,8 +98,7 @@ class SessionReplica:
         idle_timeout_s: float = 600.0,
         check_every_s: float | None = None,
         loopback: bool = False,
-        sp: int = 1,
-        follower_options: dict[str, Any] | None = None,
+        group_settings: GroupSettings | None = None,
     ) -> None:
         import os
         import uuid
@@ -111,10 +115,10 @@ class SessionReplica:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         pipe = spec.load()
         self.group: Any = None
-        if sp > 1:  # this replica is rank 0 of sp; see vidgen.serving.followers
+        if group_settings is not None:  # this replica is rank 0 of sp; see vidgen.serving.followers
             from vidgen.serving.followers import ReplicaGroup
 
-            self.group = ReplicaGroup.start(pipe, spec, sp, follower_options or {})
+            self.group = ReplicaGroup.start(pipe, spec, group_settings)
         self.store = SessionManager(
             pipe,
             persist_dir=persist_dir,
@@ -208,10 +212,11 @@ def deployment(
     max_sessions_per_replica: int = 16,
     loopback: bool = False,
     sp: int = 1,
+    rendezvous_root: str | Path | None = None,
 ):
     """The bound Serve application: ``replicas`` copies of :class:`SessionReplica`, each one
     ``sp`` processes (the replica and ``sp - 1`` followers, on one node) with ``cpus_per_replica``
-    CPUs (or a GPU) each."""
+    CPUs (or a GPU) each; ``rendezvous_root``: where their groups meet (see ``GroupSettings``)."""
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
@@ -223,10 +228,14 @@ def deployment(
         "runtime_env": {"env_vars": worker_env(loopback)},
     }
     placement: dict[str, Any] = {}
+    group = None
     if sp > 1:
+        from vidgen.serving.followers import GroupSettings
+
         # one bundle per rank, on one node: the replica takes the first, its followers the others
         bundle = {"CPU": cpus_per_replica, **({"GPU": 1} if gpu else {})}
         placement = {"placement_group_bundles": [bundle] * sp, "placement_group_strategy": "STRICT_PACK"}
+        group = GroupSettings(sp, options, str(rendezvous_root) if rendezvous_root else None)
     cls = serve.deployment(
         SessionReplica,
         name="SessionReplica",
@@ -238,17 +247,20 @@ def deployment(
         **placement,
     )
     return cls.bind(
-        spec, str(persist_dir) if persist_dir else None, idle_timeout_s, check_every_s, loopback, sp, options
+        spec, str(persist_dir) if persist_dir else None, idle_timeout_s, check_every_s, loopback, group
     )
 
 
 class RaySessions:
     """The ``SessionBackend`` protocol over Ray Serve replicas (see the module docstring)."""
 
-    def __init__(self, handle, app_name: str = APP_NAME, owns_ray: bool = False) -> None:
+    def __init__(
+        self, handle, app_name: str = APP_NAME, owns_ray: bool = False, scratch: str | Path | None = None
+    ) -> None:
         self.handle = handle
         self.app_name = app_name
         self._owns_ray = owns_ray
+        self._scratch = scratch  # the replicas' rendezvous folders, removed by shutdown()
         self._info = None
 
     @classmethod
@@ -299,6 +311,9 @@ class RaySessions:
         if replicas < 1:
             raise DegreeError(f"replicas must be >= 1, got {replicas}")
         loopback = is_loopback_cluster()
+        # replicas of a local cluster meet in this folder, which shutdown() removes (another node's
+        # replica makes the same path there)
+        scratch = tempfile.mkdtemp(prefix="vidgen-serve-") if sp > 1 else None
         # the page reaches the replicas through the handle: no HTTP proxy, no open port
         serve.start(proxy_location="Disabled", http_options={"host": "127.0.0.1"})
         app = deployment(
@@ -311,9 +326,10 @@ class RaySessions:
             gpu=gpu,
             cpus_per_replica=cpus_per_replica,
             loopback=loopback,
+            rendezvous_root=scratch,
         )
         handle = serve.run(app, name=app_name, route_prefix=None)
-        return cls(handle, app_name, owns_ray=started == "local")
+        return cls(handle, app_name, owns_ray=started == "local", scratch=scratch)
 
     # ------------------------------------------------------------------ SessionBackend
     def _session(self, session_id: str):
@@ -372,6 +388,8 @@ class RaySessions:
         from ray import serve
 
         serve.delete(self.app_name)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
         if self._owns_ray:
             import ray
 

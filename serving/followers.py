@@ -121,6 +121,19 @@ def placement_group_id() -> str | None:
     return placement.id.hex() if placement is not None else None
 
 
+@dataclass(frozen=True)
+class GroupSettings:
+    """How a Serve replica forms its sequence-parallel group (given to every replica)."""
+
+    sp: int
+    """Ranks: the replica and ``sp - 1`` followers."""
+    actor_options: dict[str, Any]
+    """Ray options of a follower (its CPUs or GPU, runtime env); its bundle is added here."""
+    rendezvous_root: str | None = None
+    """Folder the groups' rendezvous folders are made in (None: the system's temporary folder);
+    the deployment's owner removes it when it takes the deployment down."""
+
+
 @dataclass
 class ReplicaGroup:
     """A Serve replica's sequence-parallel group: rank 0 (this process) leads, ``followers`` are
@@ -133,7 +146,7 @@ class ReplicaGroup:
     """The folder of the group's ``file://`` rendezvous (removed by :meth:`close`)."""
 
     @classmethod
-    def start(cls, pipe: Any, spec: PipelineSpec, sp: int, actor_options: dict[str, Any]) -> ReplicaGroup:
+    def start(cls, pipe: Any, spec: PipelineSpec, settings: GroupSettings) -> ReplicaGroup:
         """Start ranks 1 .. sp - 1 in this replica's placement bundles 1 .. sp - 1 and form the
         group with them (rank 0 is this process, with ``pipe`` loaded)."""
         import ray
@@ -142,14 +155,18 @@ class ReplicaGroup:
         from vidgen.distributed.ray_cluster import file_init_method
         from vidgen.distributed.sequence_parallel import init_process_group
 
+        sp = settings.sp
         kind = group_kind(pipe.config.runtime.sp_kind, pipe.transformer.config, sp)
-        rendezvous = Path(tempfile.mkdtemp(prefix="vidgen-sp-"))  # one node: the bundles pack
+        if settings.rendezvous_root is not None:
+            os.makedirs(settings.rendezvous_root, exist_ok=True)
+        # on this node, which the bundles share (STRICT_PACK)
+        rendezvous = Path(tempfile.mkdtemp(prefix="vidgen-sp-", dir=settings.rendezvous_root))
         init_method = file_init_method(rendezvous)
         placement = ray.util.get_current_placement_group()
         actor = ray.remote(max_restarts=0, max_task_retries=0)(SessionFollowerActor)
         followers = []
         for rank in range(1, sp):
-            options = dict(actor_options)
+            options = dict(settings.actor_options)
             if placement is not None:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     placement_group=placement, placement_group_bundle_index=rank

@@ -45,7 +45,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         (["render", "--set", "generation.shift=nan", "x"], "--set generation.shift: must be a finite number"),
         (["render", "--set", "generation.nope=1", "x"], "generation: unknown key 'nope'"),
         (["render", "--set", "nope.x=1", "x"], "override 'nope.x' must be 'table.key'"),
-        (["serve", "--sp", "2"], "--sp 2 applies to --backend ray (the local backend is one process)"),
+        (
+            ["serve", "--backend", "local", "--sp", "2"],
+            "--sp 2 applies to --backend ray (the local backend is one process)",
+        ),
         (["serve", "--sp-kind", "ring"], "--sp-kind ring applies to --backend ray"),
         (["serve", "--backend", "ray", "--sp", "0"], "--sp must be a positive integer, got 0"),
         (["serve", "--backend", "ray", "--sp-kind", "tree"], "invalid choice: 'tree'"),

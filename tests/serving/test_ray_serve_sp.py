@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,6 +42,7 @@ def sessions(ray_cluster, tmp_path_factory):
     yield backend
     backend.shutdown()
     serve.shutdown()
+    assert not Path(backend._scratch).exists()  # the replicas' rendezvous folders went with them
 
 
 def _read(sessions, session_id) -> np.ndarray:
@@ -66,6 +68,7 @@ def test_a_session_on_two_ranks_hands_out_one_process_frames(sessions):
     assert follower["steps"] >= 3 and follower["open"] == 1  # rank 1 made the chunks too
     # in the bundles Serve reserved for the replica (one node), not wherever Ray found room
     assert follower["placement_group"] == stats["placement_group"] is not None
+    assert len(list(Path(sessions._scratch).glob("vidgen-sp-*"))) == 1  # the replica's rendezvous
     assert listeners_off_loopback() == []
 
     deadline = time.monotonic() + IDLE_S + 30
