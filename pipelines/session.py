@@ -190,6 +190,10 @@ class SessionManager:
     """The sessions of one pipeline, each with its own KV cache (the :class:`SessionBackend` of
     the page's local backend, and what each Ray Serve replica wraps).
 
+    ``streamer``: what makes a session's stream from ``pipe.stream``'s arguments (default
+    ``pipe.stream``); a sequence-parallel replica passes one that runs it on every rank of its
+    group (``vidgen.distributed.session_group.SessionLeader``).
+
     :meth:`chunks` reads a session; :meth:`next_chunk` is its step (a server that steps sessions
     on one compute thread calls it, with :meth:`begin_read` / :meth:`end_read` around). A session
     stays until it is stopped or evicted, so that it can be extended; an idle one is evicted when
@@ -203,8 +207,10 @@ class SessionManager:
         persist_dir: str | Path | None = None,
         idle_timeout_s: float = 600.0,
         new_id: Callable[[], str] | None = None,
+        streamer: Callable[..., Iterator[VideoChunk]] | None = None,
     ) -> None:
         self.pipe = pipe
+        self.streamer = streamer or pipe.stream
         self.persist_dir = Path(persist_dir) if persist_dir else None
         self.idle_timeout_s = idle_timeout_s
         self.new_id = new_id or (lambda: uuid.uuid4().hex)
@@ -261,7 +267,7 @@ class SessionManager:
         run = dataclasses.replace(record.request, prompt=None, storyboard=record.storyboard, seconds=None)
         control = StreamControl()
         state = self.persist_dir / session_id / "state.safetensors" if self.persist_dir else None
-        stream = self.pipe.stream(**run.stream_kwargs(), control=control, state_path=state, resume=resume)
+        stream = self.streamer(**run.stream_kwargs(), control=control, state_path=state, resume=resume)
         overrides = run.config_overrides()
         config = self.pipe.config.replace(**overrides) if overrides else self.pipe.config
         return _Live(record, stream, control, contextvars.copy_context(), config.generation.fps)

@@ -19,6 +19,10 @@ Who calls whom::
 * Eviction: a replica evicts sessions idle for ``idle_timeout_s``. With ``persist_dir`` (storage
   every replica can read) an evicted session is saved first and restored on its next request, so
   the video continues as if it had never stopped; it also survives the crash of its replica.
+* Sequence parallelism (``sp > 1``): each replica is rank 0 of ``sp`` processes on one node (Serve
+  reserves a bundle per rank), the others being follower actors it starts; every chunk of a session
+  is made by all of them together, Ulysses or ring attention as ``runtime.sp_kind`` decides
+  (:mod:`vidgen.serving.followers`). Persisted sessions keep one state file per rank.
 * :class:`RaySessions` implements ``vidgen.pipelines.session.SessionBackend`` (``open``,
   ``chunks``, ``change_prompt``, ``stop``, plus ``info``, ``extend`` and ``replica_of``) over a
   deployment handle, for the Gradio page.
@@ -31,13 +35,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import ipaddress
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vidgen.distributed.ray_worker import PipelineSpec
 from vidgen.pipelines.session import GenerationRequest, SessionNotFound
+
+if TYPE_CHECKING:
+    from vidgen.serving.followers import GroupSettings
 
 ROUTER = "vidgen.serving.router:SessionAffinityRouter"
 APP_NAME = "vidgen-sessions"
@@ -89,6 +98,7 @@ class SessionReplica:
         idle_timeout_s: float = 600.0,
         check_every_s: float | None = None,
         loopback: bool = False,
+        group_settings: GroupSettings | None = None,
     ) -> None:
         import os
         import uuid
@@ -103,11 +113,18 @@ class SessionReplica:
         if os.environ.get("OMP_NUM_THREADS"):
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         self.replica_id = serve.get_replica_context().replica_id.unique_id
+        pipe = spec.load()
+        self.group: Any = None
+        if group_settings is not None:  # this replica is rank 0 of sp; see vidgen.serving.followers
+            from vidgen.serving.followers import ReplicaGroup
+
+            self.group = ReplicaGroup.start(pipe, spec, group_settings)
         self.store = SessionManager(
-            spec.load(),
+            pipe,
             persist_dir=persist_dir,
             idle_timeout_s=idle_timeout_s,
             new_id=lambda: f"{self.replica_id}.{uuid.uuid4().hex}",
+            streamer=self.group.leader if self.group is not None else None,
         )
         # one compute thread: the pipeline runs one chunk at a time
         self.compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vidgen-compute")
@@ -152,10 +169,22 @@ class SessionReplica:
         return {"replica": self.replica_id, "live": session_id in state["sessions"]}
 
     async def stats(self) -> dict[str, Any]:
-        return {"replica": self.replica_id, **self.store.describe()}
+        """The replica's sessions; with sequence parallelism, its group's kind and its followers'
+        own stats (process, chunks made, streams open)."""
+        stats = {"replica": self.replica_id, **self.store.describe()}
+        if self.group is not None:
+            stats.update(await self.group.stats())
+        return stats
 
     async def info(self):
         return self.store.info
+
+    async def check_health(self) -> None:
+        """Called by Serve every few seconds; a replica that fails it is replaced. With sequence
+        parallelism, a replica whose follower died (its group is broken) fails it: the new replica
+        restores persisted sessions."""
+        if self.group is not None:
+            await self.group.check()
 
     # ------------------------------------------------------------------ eviction
     def _evict_loop(self, every: float) -> None:
@@ -167,6 +196,8 @@ class SessionReplica:
     def __del__(self) -> None:
         self._closing.set()
         self.store.close()
+        if self.group is not None:
+            self.group.close()
 
 
 def deployment(
@@ -180,8 +211,12 @@ def deployment(
     cpus_per_replica: float = 1.0,
     max_sessions_per_replica: int = 16,
     loopback: bool = False,
+    sp: int = 1,
+    rendezvous_root: str | Path | None = None,
 ):
-    """The bound Serve application: ``replicas`` copies of :class:`SessionReplica`."""
+    """The bound Serve application: ``replicas`` copies of :class:`SessionReplica`, each one
+    ``sp`` processes (the replica and ``sp - 1`` followers, on one node) with ``cpus_per_replica``
+    CPUs (or a GPU) each; ``rendezvous_root``: where their groups meet (see ``GroupSettings``)."""
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
@@ -192,6 +227,15 @@ def deployment(
         "num_gpus": 1 if gpu else 0,
         "runtime_env": {"env_vars": worker_env(loopback)},
     }
+    placement: dict[str, Any] = {}
+    group = None
+    if sp > 1:
+        from vidgen.serving.followers import GroupSettings
+
+        # one bundle per rank, on one node: the replica takes the first, its followers the others
+        bundle = {"CPU": cpus_per_replica, **({"GPU": 1} if gpu else {})}
+        placement = {"placement_group_bundles": [bundle] * sp, "placement_group_strategy": "STRICT_PACK"}
+        group = GroupSettings(sp, options, str(rendezvous_root) if rendezvous_root else None)
     cls = serve.deployment(
         SessionReplica,
         name="SessionReplica",
@@ -200,17 +244,23 @@ def deployment(
         # a session being read holds one request for as long as it streams
         max_ongoing_requests=4 * max_sessions_per_replica,
         request_router_config=RequestRouterConfig(request_router_class=ROUTER),
+        **placement,
     )
-    return cls.bind(spec, str(persist_dir) if persist_dir else None, idle_timeout_s, check_every_s, loopback)
+    return cls.bind(
+        spec, str(persist_dir) if persist_dir else None, idle_timeout_s, check_every_s, loopback, group
+    )
 
 
 class RaySessions:
     """The ``SessionBackend`` protocol over Ray Serve replicas (see the module docstring)."""
 
-    def __init__(self, handle, app_name: str = APP_NAME, owns_ray: bool = False) -> None:
+    def __init__(
+        self, handle, app_name: str = APP_NAME, owns_ray: bool = False, scratch: str | Path | None = None
+    ) -> None:
         self.handle = handle
         self.app_name = app_name
         self._owns_ray = owns_ray
+        self._scratch = scratch  # the replicas' rendezvous folders, removed by shutdown()
         self._info = None
 
     @classmethod
@@ -227,30 +277,48 @@ class RaySessions:
         overrides: dict[str, Any] | None = None,
         cpus_per_replica: float = 1.0,
         app_name: str = APP_NAME,
+        sp: int = 1,
+        sp_kind: str | None = None,
     ) -> RaySessions:
         """Deploy the pipeline (``model``, ``config``, ``overrides`` as in ``from_pretrained``) on
-        ``replicas`` Serve replicas (None: one per GPU, or one on a CPU-only cluster)."""
+        ``replicas`` Serve replicas (None: one per ``sp`` GPUs, or one on a CPU-only cluster).
+
+        ``sp``: processes per replica sharing each video's tokens (sequence parallelism);
+        ``sp_kind``: ``"ulysses"``, ``"ring"`` or ``"auto"`` (None: the config's
+        ``runtime.sp_kind``). A degree the model cannot run raises ``DegreeError`` before Ray starts.
+        """
+        from vidgen.distributed.ray_cluster import DegreeError, RayParallelism
+        from vidgen.pipelines.loading import resolve_model
+
+        RayParallelism(sp=sp)  # a positive integer
+        overrides = {**(overrides or {}), **({"runtime.sp_kind": sp_kind} if sp_kind else {})}
+        spec = PipelineSpec(model=model, config=config, overrides=overrides)
+        resolve_model(model, None)  # a missing folder fails here, as ModelLoadError, not in a replica
+        if sp > 1:
+            from vidgen.serving.followers import check_serving_degree
+
+            check_serving_degree(spec, sp)  # a degree the model cannot split fails here, not in a replica
         from ray import serve
 
         from vidgen.distributed.ray_cluster import connect, is_loopback_cluster, uses_gpus
-        from vidgen.pipelines.loading import resolve_model
 
-        resolve_model(model, None)  # a missing folder fails here, as ModelLoadError, not in a replica
         started = connect(address)
         gpu = uses_gpus()
         if replicas is None:
             import ray
 
-            replicas = int(ray.cluster_resources().get("GPU", 0)) if gpu else 1
+            replicas = max(1, int(ray.cluster_resources().get("GPU", 0)) // sp) if gpu else 1
         if replicas < 1:
-            from vidgen.distributed.ray_cluster import DegreeError
-
             raise DegreeError(f"replicas must be >= 1, got {replicas}")
         loopback = is_loopback_cluster()
+        # replicas of a local cluster meet in this folder, which shutdown() removes (another node's
+        # replica makes the same path there)
+        scratch = tempfile.mkdtemp(prefix="vidgen-serve-") if sp > 1 else None
         # the page reaches the replicas through the handle: no HTTP proxy, no open port
         serve.start(proxy_location="Disabled", http_options={"host": "127.0.0.1"})
         app = deployment(
-            PipelineSpec(model=model, config=config, overrides=dict(overrides or {})),
+            spec,
+            sp=sp,
             replicas=replicas,
             persist_dir=persist_dir,
             idle_timeout_s=idle_timeout_s,
@@ -258,9 +326,10 @@ class RaySessions:
             gpu=gpu,
             cpus_per_replica=cpus_per_replica,
             loopback=loopback,
+            rendezvous_root=scratch,
         )
         handle = serve.run(app, name=app_name, route_prefix=None)
-        return cls(handle, app_name, owns_ray=started == "local")
+        return cls(handle, app_name, owns_ray=started == "local", scratch=scratch)
 
     # ------------------------------------------------------------------ SessionBackend
     def _session(self, session_id: str):
@@ -319,6 +388,8 @@ class RaySessions:
         from ray import serve
 
         serve.delete(self.app_name)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
         if self._owns_ray:
             import ray
 

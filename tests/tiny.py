@@ -39,11 +39,13 @@ def text_encoder() -> MiniLMTextEncoder:
     return _TEXT_ENCODER
 
 
-def tiny_components(seed: int = 0, **config_overrides):
+def tiny_components(seed: int = 0, heads: int = 2, **config_overrides):
+    """``heads``: attention heads of the transformer (3, as the default model's, for sequence
+    parallelism over 2 ranks that Ulysses cannot split)."""
     from vidgen.pipelines import LongVideoPipeline
 
     torch.manual_seed(seed)
-    transformer = CausalWanTransformer(**TINY_TRANSFORMER).eval()
+    transformer = CausalWanTransformer(**{**TINY_TRANSFORMER, "num_attention_heads": heads}).eval()
     vae = AutoencoderKLLite(
         z_dim=4,
         hidden_channels=16,
@@ -58,8 +60,8 @@ def tiny_components(seed: int = 0, **config_overrides):
     return LongVideoPipeline(transformer, vae, text_encoder(), config)
 
 
-def save_tiny_pipeline(folder: str | Path, seed: int = 0, **config_overrides) -> Path:
-    pipe = tiny_components(seed, **config_overrides)
+def save_tiny_pipeline(folder: str | Path, seed: int = 0, heads: int = 2, **config_overrides) -> Path:
+    pipe = tiny_components(seed, heads, **config_overrides)
     pipe.save_pretrained(folder)
     return Path(folder)
 

@@ -323,8 +323,11 @@ def _initial_backend(info: ModelInfo) -> str:
 
 
 # ------------------------------------------------------------------ serving
-def open_backend(kind: str, model: str | None, config: str | None) -> tuple[SessionBackend, ModelInfo]:
-    """Loads the model behind the page: in this process (``local``) or on Ray Serve (``ray``)."""
+def open_backend(
+    kind: str, model: str | None, config: str | None, *, sp: int = 1, sp_kind: str | None = None
+) -> tuple[SessionBackend, ModelInfo]:
+    """Loads the model behind the page: in this process (``local``) or on Ray Serve (``ray``, each
+    replica ``sp`` processes splitting every video's tokens by ``sp_kind``)."""
     from vidgen.pipelines import LongVideoPipeline
     from vidgen.pipelines.session import SessionManager
 
@@ -333,7 +336,9 @@ def open_backend(kind: str, model: str | None, config: str | None) -> tuple[Sess
             from vidgen.serving import RaySessions  # the SessionBackend protocol, plus .info
         except ImportError as err:
             raise InputError(f"--backend ray: {err} (pip install 'vidgen[distributed]')") from None
-        sessions = RaySessions.from_pretrained(model, config=config)
+        sessions = RaySessions.from_pretrained(model, config=config, sp=sp, sp_kind=sp_kind)
+    elif sp != 1:
+        raise InputError(f"--sp {sp} applies to --backend ray (the local backend is one process)")
     else:
         sessions = SessionManager(LongVideoPipeline.from_pretrained(model, config=config))
     return sessions, sessions.info
@@ -377,6 +382,8 @@ def run_server(
     config: str | None = None,
     host: str = "127.0.0.1",
     port: int | None = None,
+    sp: int = 1,
+    sp_kind: str | None = None,
 ) -> int:
     """Load the model (in this process, or on Ray Serve with ``backend="ray"``), build the page and
     serve it on ``host:port`` until interrupted (``vidgen serve``)."""
@@ -385,7 +392,7 @@ def run_server(
     if importlib.util.find_spec("gradio") is None:
         raise InputError("vidgen serve needs Gradio: pip install 'vidgen[ui]'")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    sessions, info = open_backend(backend, model, config)
+    sessions, info = open_backend(backend, model, config, sp=sp, sp_kind=sp_kind)
     files = ServerFiles.create(settings.file_ttl)
     # Gradio reads these when it is imported (build_app imports it): its uploads, served copies
     # and scratch files then live inside the server's folder, and go with it

@@ -18,6 +18,7 @@ try:
 except SystemExit as exit:
     status = exit.code
 print("torch imported:", "torch" in sys.modules, file=sys.stderr)
+print("ray imported:", "ray" in sys.modules, file=sys.stderr)
 sys.exit(status)
 """
 
@@ -44,6 +45,13 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         (["render", "--set", "generation.shift=nan", "x"], "--set generation.shift: must be a finite number"),
         (["render", "--set", "generation.nope=1", "x"], "generation: unknown key 'nope'"),
         (["render", "--set", "nope.x=1", "x"], "override 'nope.x' must be 'table.key'"),
+        (
+            ["serve", "--backend", "local", "--sp", "2"],
+            "--sp 2 applies to --backend ray (the local backend is one process)",
+        ),
+        (["serve", "--sp-kind", "ring"], "--sp-kind ring applies to --backend ray"),
+        (["serve", "--backend", "ray", "--sp", "0"], "--sp must be a positive integer, got 0"),
+        (["serve", "--backend", "ray", "--sp-kind", "tree"], "invalid choice: 'tree'"),
     ],
 )
 def test_argument_errors_come_before_the_heavy_imports(args, message):
@@ -51,6 +59,21 @@ def test_argument_errors_come_before_the_heavy_imports(args, message):
     assert result.returncode == 2
     assert message in result.stderr
     assert "torch imported: False" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_refuses_a_degree_the_model_cannot_split_before_ray_starts():
+    """The default model has 3 attention heads: Ulysses cannot split them over 2 ranks. The one
+    line says so and what to change, before Ray is imported (no replica was started)."""
+    result = _cli("serve", "--backend", "ray", "--sp", "2", "--sp-kind", "ulysses")
+    assert result.returncode == 2
+    said = [line for line in result.stderr.splitlines() if line.startswith("vidgen serve:")]
+    assert said == [
+        "vidgen serve: error: --sp 2: Ulysses sequence parallelism splits the 3 attention heads across "
+        "sp=2 ranks, but 3 is not divisible by 2: use sp in (1, 3), or ring attention "
+        "(--sp-kind ring or auto; runtime.sp_kind)"
+    ]
+    assert "ray imported: False" in result.stderr
     assert "Traceback" not in result.stderr
 
 

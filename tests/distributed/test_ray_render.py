@@ -10,7 +10,7 @@ import signal
 import numpy as np
 import pytest
 
-from tests.tiny import assert_decoded_match
+from tests.tiny import FP32, assert_decoded_match, save_tiny_pipeline
 from vidgen.cli import build_parser, main
 from vidgen.distributed.ray_cluster import DegreeError, RayParallelism, place_workers
 from vidgen.distributed.ray_worker import WORK_DIR, PipelineSpec
@@ -167,10 +167,7 @@ def test_ray_continuation_equals_single_process(ray_cluster, tiny_model_dir, tmp
 def test_sp2_on_three_heads_takes_ring_and_ulysses_is_one_line(ray_cluster, tmp_path, capsys):
     """The default model has 3 heads: ``--sp 2`` (``--sp-kind auto``) runs on ring attention;
     ``--sp-kind ulysses`` is refused in one line (the worker's error, not Ray's traceback)."""
-    from tests.distributed.test_sp_kind import _three_heads
-
-    model = tmp_path / "three"
-    _three_heads(model)
+    model = save_tiny_pipeline(tmp_path / "three", heads=3, **FP32)
     out = tmp_path / "ring.mp4"
     assert main([*_argv(model, out, "--parallel", "ray", "--sp", "2"), "--seconds", "1"]) == 0
     assert read_video(out)[0].shape == (16, 64, 64, 3)

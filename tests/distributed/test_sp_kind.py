@@ -4,10 +4,9 @@ otherwise, so ``--sp 2`` runs on a model with 3 heads (the default model's count
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.distributed.launch import run_ranks
-from tests.tiny import TINY_TRANSFORMER, text_encoder
+from tests.tiny import FP32, save_tiny_pipeline
 from vidgen.distributed.sequence_parallel import resolve_kind
 
 
@@ -18,21 +17,6 @@ def test_resolve_kind():
     assert resolve_kind("ring", 4, 2) == "ring" and resolve_kind("ulysses", 3, 2) == "ulysses"
     with pytest.raises(ValueError, match="choose auto or one of ulysses, ring"):
         resolve_kind("tree", 4, 2)
-
-
-def _three_heads(folder):
-    from vidgen.config import load_config
-    from vidgen.models import CausalWanTransformer
-    from vidgen.models.autoencoder import AutoencoderKLLite
-    from vidgen.pipelines import LongVideoPipeline
-
-    torch.manual_seed(0)
-    transformer = CausalWanTransformer(**{**TINY_TRANSFORMER, "num_attention_heads": 3}).eval()
-    vae = AutoencoderKLLite(
-        z_dim=4, hidden_channels=16, encoder_blocks=1, decoder_blocks=1, refine_channels=8
-    ).eval()
-    config = load_config("default").replace(**{"runtime.device": "cpu", "runtime.autocast": "off"})
-    LongVideoPipeline(transformer, vae, text_encoder(), config).save_pretrained(folder)
 
 
 def _worker_rank(rank, world_size, init_method, folder, kind, results):
@@ -54,7 +38,7 @@ def _worker_rank(rank, world_size, init_method, folder, kind, results):
 
 @pytest.mark.parametrize("kind", ["auto", "ulysses"])
 def test_sp2_on_three_heads(tmp_path, kind):
-    _three_heads(tmp_path / "model")
+    save_tiny_pipeline(tmp_path / "model", heads=3, **FP32)
     run_ranks(_worker_rank, 2, tmp_path, kind, None)
     rank0 = (tmp_path / f"{kind}.rank0").read_text()
     if kind == "auto":

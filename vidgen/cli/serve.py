@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from vidgen.validation import InputError  # light: no torch
+
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(name, help="serve the live video generation page (Gradio)")
@@ -16,6 +18,19 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         choices=["local", "ray"],
         default="local",
         help="where videos are generated: this process (local) or Ray Serve replicas (ray)",
+    )
+    p.add_argument(
+        "--sp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --backend ray: processes per replica sharing each video's tokens (sequence parallelism)",
+    )
+    p.add_argument(
+        "--sp-kind",
+        choices=["auto", "ulysses", "ring"],
+        help="how --sp splits attention: ulysses (the heads must divide by sp), ring (any head count) "
+        "or auto (default: ulysses when the heads divide, else ring)",
     )
     p.add_argument("--concurrency", type=int, default=1, help="videos generated at the same time (default 1)")
     p.add_argument(
@@ -60,7 +75,20 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.set_defaults(run=run)
 
 
+def check_parallel(args: argparse.Namespace) -> None:
+    """``--sp`` / ``--sp-kind`` make sense with Ray Serve replicas only (the local backend is this
+    one process); checked before anything heavy is imported."""
+    if isinstance(args.sp, bool) or args.sp < 1:
+        raise InputError(f"--sp must be a positive integer, got {args.sp}")
+    if args.backend != "ray" and (args.sp != 1 or args.sp_kind):
+        flag = f"--sp {args.sp}" if args.sp != 1 else f"--sp-kind {args.sp_kind}"
+        raise InputError(
+            f"{flag} applies to --backend ray (the local backend is one process): add --backend ray"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
+    check_parallel(args)
     from vidgen.ui.app import ServeSettings, run_server
 
     settings = ServeSettings(
@@ -73,5 +101,12 @@ def run(args: argparse.Namespace) -> int:
         resample=args.resample,
     )
     return run_server(
-        settings, backend=args.backend, model=args.model, config=args.config, host=args.host, port=args.port
+        settings,
+        backend=args.backend,
+        model=args.model,
+        config=args.config,
+        host=args.host,
+        port=args.port,
+        sp=args.sp,
+        sp_kind=args.sp_kind,
     )
