@@ -356,7 +356,11 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
     """Wan 2.1 text-to-video transformer that also runs chunk by chunk against a KV cache.
 
     The config is diffusers' ``WanTransformer3DModel`` config (same argument names); image
-    conditioning (I2V: ``image_dim``/``added_kv_proj_dim``) is not supported. LoRA adapters load
+    conditioning (I2V: ``image_dim``/``added_kv_proj_dim``) is not supported. One addition of our
+    own, off for Wan checkpoints: ``spatial_pos_grid=(rows, columns)`` adds a learned absolute
+    position per token of the latent grid to the patch embedding (zero when created), because the
+    rotary embedding tells a token only its offsets to the others and a small model on a small grid
+    then does not know where the frame ends; other grid sizes interpolate the table. LoRA adapters load
     through diffusers' ``PeftAdapterMixin`` (``load_lora_adapter``, ``set_adapters``, ``fuse_lora``,
     ``unfuse_lora``, ``unload_lora``), as into ``WanTransformer3DModel``; :mod:`vidgen.models.lora`
     brings other published layouts to its keys.
@@ -388,6 +392,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
         added_kv_proj_dim: int | None = None,
         rope_max_seq_len: int = 1024,
         pos_embed_seq_len: int | None = None,
+        spatial_pos_grid: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
         if image_dim is not None or added_kv_proj_dim is not None or pos_embed_seq_len is not None:
@@ -402,6 +407,11 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
         self.inner_dim = dim
         self.rope = WanRope(attention_head_dim, rope_max_seq_len)
         self.patch_embedding = nn.Conv3d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
+        # (1, D, 1, rows, columns), added to every frame's patch embedding; zeros: a model resumed
+        # from a checkpoint without it computes what that checkpoint did
+        self.spatial_pos = (
+            nn.Parameter(torch.zeros(1, dim, 1, *spatial_pos_grid)) if spatial_pos_grid is not None else None
+        )
         self.condition_embedder = ConditionEmbedder(dim, freq_dim, text_dim)
         self.blocks = nn.ModuleList(
             [
@@ -447,6 +457,16 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
             )
         dtype = kwargs.get("torch_dtype")
         return model.to(dtype=dtype).eval() if dtype is not None else model.eval()
+
+    def _spatial_pos(self, rows: int, columns: int) -> torch.Tensor:
+        """The position table for a grid of ``rows`` x ``columns`` tokens: as learned, or
+        interpolated bilinearly (corners aligned) for another grid."""
+        assert self.spatial_pos is not None
+        table = self.spatial_pos
+        if tuple(table.shape[-2:]) == (rows, columns):
+            return table
+        resized = F.interpolate(table[:, :, 0], size=(rows, columns), mode="bilinear", align_corners=True)
+        return resized[:, :, None]
 
     # ------------------------------------------------------------------ geometry
     @property
@@ -617,7 +637,10 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
                     )
 
         # 2. patchify: (B, C, F, H, W) -> (B, F * H' * W', D)
-        x = self.patch_embedding(hidden_states).flatten(2).transpose(1, 2).contiguous()
+        x = self.patch_embedding(hidden_states)  # (B, D, F, rows, columns)
+        if self.spatial_pos is not None:
+            x = x + self._spatial_pos(grid_h, grid_w).to(x.dtype)
+        x = x.flatten(2).transpose(1, 2).contiguous()
         if sequence_parallel is not None:  # from here on, this process's tokens of every frame
             x = sequence_parallel.shard(x, frame_tokens)  # (B, F * frame_tokens / P, D)
             ctx.parallel = sequence_parallel

@@ -234,3 +234,46 @@ def test_dtype_answers_as_diffusers_does():
     assert get_parameter_dtype(model) == torch.bfloat16
     assert model.dtype == torch.bfloat16
     assert model.patch_embedding.weight.dtype == torch.float32  # skipped: the hook decides, not the weight
+
+
+def test_a_zero_position_table_changes_nothing_and_a_learned_one_is_per_grid_cell(tiny_config, tmp_path):
+    """spatial_pos_grid (our addition, off for Wan): created at zero the model computes exactly what
+    it did without the table; a table's value at a cell moves that cell's token only; another grid
+    interpolates it (corners kept); the table round-trips through save_pretrained."""
+    torch.manual_seed(0)
+    plain = CausalWanTransformer(**tiny_config).eval()
+    with_table = CausalWanTransformer(**tiny_config, spatial_pos_grid=(3, 4)).eval()
+    missing, unexpected = with_table.load_state_dict(plain.state_dict(), strict=False)
+    assert missing == ["spatial_pos"] and not unexpected
+    x = torch.randn(1, tiny_config["in_channels"], 3, 6, 8)  # 3 frames of 3 x 4 tokens
+    t = torch.tensor([500.0])
+    text = torch.randn(1, 5, tiny_config["text_dim"])
+    with torch.no_grad():
+        expected = plain(x, t, text, return_dict=False)[0]
+        torch.testing.assert_close(with_table(x, t, text, return_dict=False)[0], expected, rtol=0, atol=0)
+
+        with_table.spatial_pos[0, :, 0, 1, 2] = 1.0  # one cell: row 1, column 2
+        inputs = {}
+        for name, model in (("plain", plain), ("table", with_table)):
+            hook = model.blocks[0].register_forward_pre_hook(
+                lambda m, a, name=name: inputs.update({name: a[0]})
+            )
+            model(x, t, text, return_dict=False)
+            hook.remove()
+    # the blocks' input tokens (B, frames * 12, D): frame-major, row-major; the cell is token 6 of
+    # every frame, moved by exactly the table's value, and no other token moves
+    moved = (inputs["table"] - inputs["plain"]).unflatten(1, (3, 12))
+    torch.testing.assert_close(moved[:, :, 6], torch.ones_like(moved[:, :, 6]))
+    assert moved[:, :, [i for i in range(12) if i != 6]].abs().max() == 0
+
+    larger = with_table._spatial_pos(5, 7)
+    assert larger.shape == (1, with_table.inner_dim, 1, 5, 7)
+    table = with_table.spatial_pos
+    for (r, c), (R, C) in (((0, 0), (0, 0)), ((2, 3), (4, 6)), ((0, 3), (0, 6))):
+        torch.testing.assert_close(larger[..., R, C], table[..., r, c])
+    assert with_table._spatial_pos(3, 4) is table
+
+    with_table.save_pretrained(tmp_path)
+    loaded = CausalWanTransformer.from_pretrained(tmp_path)
+    assert loaded.config.spatial_pos_grid == [3, 4] or tuple(loaded.config.spatial_pos_grid) == (3, 4)
+    torch.testing.assert_close(loaded.spatial_pos, table)

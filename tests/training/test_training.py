@@ -231,3 +231,44 @@ def test_overfit_clips_draws_every_sample_from_the_fixed_ones(autoencoder, tmp_p
     # 4 steps of batch 2: samples 0, 1, 2, 0, 1, 2, 0, 1 -- the three fixed ones in turn
     assert drawn == [fixed[k % 3] for k in range(8)]
     assert len(set(fixed)) == 3
+
+
+def test_a_run_resumed_with_a_position_table_starts_it_at_zero_and_learns_it(autoencoder, tmp_path):
+    """--spatial-pos true on a run saved without it: the same weights plus a zero table (the same
+    function), Adam restarted (its moments are numbered by parameter), and training moves the
+    table; a file missing any other parameter is still refused."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from vidgen.models import CausalWanTransformer
+    from vidgen.training.checkpoint import load_training_state
+
+    _, final = autoencoder
+    config = dict(autoencoder=str(final), lr=2e-3, warmup=5, save_every=10, **TINY_DIT)
+    run = tmp_path / "run"
+    train_transformer(TransformerTrainConfig(run_dir=str(run), steps=10, **config))
+    saved = tmp_path / "saved"
+    shutil.copytree(run, saved)
+    before = load_file(str(saved / "latest" / "model.safetensors"))
+    assert "spatial_pos" not in before and (saved / "latest" / "optimizer.safetensors").is_file()
+
+    # what a resumed run loads: the saved weights, a zero table, no Adam moments
+    grid = 32 // 4 // 2  # canvas / autoencoder factor / patch
+    model = CausalWanTransformer(**{**TINY_DIT["model"], "spatial_pos_grid": (grid, grid)})
+    optimizer = torch.optim.AdamW(model.parameters())
+    state = load_training_state(saved, model=model, ema=None, optimizer=optimizer)
+    assert state is not None and state["restart_warmup"] and not optimizer.state
+    assert torch.equal(model.spatial_pos, torch.zeros_like(model.spatial_pos))
+    torch.testing.assert_close(model.proj_out.weight, before["proj_out.weight"])
+
+    # the run trains it
+    train_transformer(TransformerTrainConfig(run_dir=str(run), steps=14, spatial_pos=True, **config))
+    table = load_file(str(run / "latest" / "model.safetensors"))["spatial_pos"]
+    assert table.shape == model.spatial_pos.shape and table.abs().max() > 0
+
+    # any other missing parameter is still an error
+    del before["proj_out.weight"]
+    save_file(before, str(saved / "latest" / "model.safetensors"))
+    with pytest.raises(RuntimeError, match="proj_out.weight"):
+        load_training_state(saved, model=model, ema=None, optimizer=None)

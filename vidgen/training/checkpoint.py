@@ -116,15 +116,34 @@ def load_training_state(
     if not (latest / "state.json").is_file():
         return None
     state = json.loads((latest / "state.json").read_text())
-    model.load_state_dict(_as_float(load_file(str(latest / "model.safetensors"))))
+    added = _load_weights(model, latest / "model.safetensors")
     if ema is not None and (latest / "ema.safetensors").is_file():
-        ema.model.load_state_dict(_as_float(load_file(str(latest / "ema.safetensors"))))
-    if optimizer is not None and (latest / "optimizer.safetensors").is_file():
+        _load_weights(ema.model, latest / "ema.safetensors")
+    if added:
+        # Adam's saved moments are numbered by parameter and the new ones shift the numbers
+        print(
+            f"resuming with new parameters {', '.join(added)} (zero-initialised); Adam restarts", flush=True
+        )
+    if optimizer is not None and (latest / "optimizer.safetensors").is_file() and not added:
         _restore_optimizer(optimizer, load_file(str(latest / "optimizer.safetensors")), state["optimizer"])
     elif optimizer is not None:
         # a compact checkpoint (see export_compact_checkpoint): Adam restarts, with a short warm-up
         state["restart_warmup"] = True
     return state
+
+
+ADDABLE_PARAMETERS = frozenset({"spatial_pos"})
+"""Parameters a run may gain when it resumes (each starts at zero, where the model computes what it
+did without it): the transformer's position table (``--spatial-pos true``)."""
+
+
+def _load_weights(model: nn.Module, path: Path) -> list[str]:
+    """Load ``path`` into ``model``; returns the addable parameters the file does not have."""
+    missing, unexpected = model.load_state_dict(_as_float(load_file(str(path))), strict=False)
+    wrong = [k for k in missing if k not in ADDABLE_PARAMETERS]
+    if wrong or unexpected:
+        raise RuntimeError(f"{path} does not fit the model: missing {wrong[:5]}, unexpected {unexpected[:5]}")
+    return sorted(missing)
 
 
 def _as_float(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -94,6 +94,10 @@ class TransformerTrainConfig:
     gap_change_prob: float = 0.12
     """Samples whose prompt changed in the gap (sinks show the old prompt)."""
     text_max_length: int = 32
+    spatial_pos: bool = False
+    """Give the transformer a learned absolute position per token of the latent grid
+    (``spatial_pos_grid``), zero at the start; a run resumed with it continues from the same
+    function, Adam restarting."""
     compile: bool = True
     """torch.compile the training forward (one compile of a few minutes, then ~1.7x faster steps)."""
     bf16: bool = True

@@ -255,7 +255,11 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
     temporal, spatial = vae.config.scale_factor_temporal, vae.config.scale_factor_spatial
     text_encoder = MiniLMTextEncoder.load(max_length=config.text_max_length)
 
-    model = CausalWanTransformer(**config.model)
+    architecture = dict(config.model)
+    if config.spatial_pos:
+        _, p_h, p_w = architecture.get("patch_size", (1, 2, 2))
+        architecture["spatial_pos_grid"] = (config.size // spatial // p_h, config.size // spatial // p_w)
+    model = CausalWanTransformer(**architecture)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99)
     )
@@ -268,7 +272,9 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         rng = np.random.default_rng([config.seed, run.step])  # data is a function of the step: resumable
         generator = torch.Generator().manual_seed(config.seed * 1_000_003 + run.step)
         if config.overfit_clips:
-            picks = [(run.step * config.batch_size + i) % config.overfit_clips for i in range(config.batch_size)]
+            picks = [
+                (run.step * config.batch_size + i) % config.overfit_clips for i in range(config.batch_size)
+            ]
             samples = [make_sample(fixed_sample_rng(config, k), config) for k in picks]
         else:
             samples = [make_sample(rng, config) for _ in range(config.batch_size)]
