@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from vidgen.distributed.ray_worker import PipelineSpec
-from vidgen.pipelines.session import GenerationRequest, SessionNotFound
+from vidgen.pipelines.session import GenerationRequest, RequestLimits, SessionNotFound
 
 ROUTER = "vidgen.serving.router:SessionAffinityRouter"
 APP_NAME = "vidgen-sessions"
@@ -89,6 +89,7 @@ class SessionReplica:
         idle_timeout_s: float = 600.0,
         check_every_s: float | None = None,
         loopback: bool = False,
+        limits: RequestLimits | None = None,
     ) -> None:
         import os
         import uuid
@@ -108,6 +109,7 @@ class SessionReplica:
             persist_dir=persist_dir,
             idle_timeout_s=idle_timeout_s,
             new_id=lambda: f"{self.replica_id}.{uuid.uuid4().hex}",
+            limits=limits,
         )
         # one compute thread: the pipeline runs one chunk at a time
         self.compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vidgen-compute")
@@ -180,8 +182,10 @@ def deployment(
     cpus_per_replica: float = 1.0,
     max_sessions_per_replica: int = 16,
     loopback: bool = False,
+    limits: RequestLimits | None = None,
 ):
-    """The bound Serve application: ``replicas`` copies of :class:`SessionReplica`."""
+    """The bound Serve application: ``replicas`` copies of :class:`SessionReplica` (``limits``:
+    each replica refuses requests beyond them at ``open``)."""
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
@@ -201,7 +205,8 @@ def deployment(
         max_ongoing_requests=4 * max_sessions_per_replica,
         request_router_config=RequestRouterConfig(request_router_class=ROUTER),
     )
-    return cls.bind(spec, str(persist_dir) if persist_dir else None, idle_timeout_s, check_every_s, loopback)
+    persist = str(persist_dir) if persist_dir else None
+    return cls.bind(spec, persist, idle_timeout_s, check_every_s, loopback, limits)
 
 
 class RaySessions:
@@ -227,9 +232,11 @@ class RaySessions:
         overrides: dict[str, Any] | None = None,
         cpus_per_replica: float = 1.0,
         app_name: str = APP_NAME,
+        limits: RequestLimits | None = None,
     ) -> RaySessions:
         """Deploy the pipeline (``model``, ``config``, ``overrides`` as in ``from_pretrained``) on
-        ``replicas`` Serve replicas (None: one per GPU, or one on a CPU-only cluster)."""
+        ``replicas`` Serve replicas (None: one per GPU, or one on a CPU-only cluster); ``limits``:
+        a server's bounds on one request, enforced by every replica."""
         from ray import serve
 
         from vidgen.distributed.ray_cluster import connect, is_loopback_cluster, uses_gpus
@@ -258,6 +265,7 @@ class RaySessions:
             gpu=gpu,
             cpus_per_replica=cpus_per_replica,
             loopback=loopback,
+            limits=limits,
         )
         handle = serve.run(app, name=app_name, route_prefix=None)
         return cls(handle, app_name, owns_ray=started == "local")
