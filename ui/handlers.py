@@ -22,7 +22,7 @@ from vidgen.pipelines.session import ModelInfo, SessionBackend
 from vidgen.request import GenerationRequest
 from vidgen.ui.files import ServerFiles
 from vidgen.ui.form import Form, FormError, build_request
-from vidgen.ui.live import ACTION_NAMES, LiveStats, LiveUpdate, live_stream, stop_session
+from vidgen.ui.live import ACTION_NAMES, LiveStats, LiveUpdate, Turns, live_stream, stop_session
 from vidgen.validation import InputError
 from vidgen.video import Upscale
 from vidgen.video.naming import video_file_name
@@ -38,6 +38,10 @@ class StreamSettings:
     """Seconds of video generation may run ahead of the stream (0: no limit)."""
     upscale: Upscale | int | None = None
     """Enlarges the player's segments and the MP4 (``vidgen serve --upscale``)."""
+    turns: Turns | None = None
+    """The slots chunks are made in, shared by every stream of the page (None: no turns)."""
+    time_limit: float | None = None
+    """Wall-clock seconds one video may stream (``--max-session-seconds``; None: no limit)."""
 
 
 def drift_table(stats: LiveStats | None):
@@ -62,6 +66,8 @@ def describe(stats: LiveStats, update: LiveUpdate | None = None, seed: int | Non
     """The status line under the video."""
     if update is not None and update.done:
         verb = "Stopped" if update.stopped else "Done"
+        if update.time_up:
+            verb = "Stopped at the server's time limit"
         text = f"**{verb}**: {stats.video_seconds:.1f} s of video in {stats.chunks} chunks"
         text += f", seed {seed}." if seed is not None else "."
         return text + (" Download the MP4 below." if update.video is not None else "")
@@ -174,6 +180,8 @@ class LiveHandlers:
                 planned_seconds=request.seconds,
                 file_name=video_file_name(request.prompt or request.storyboard[0][1]),
                 upscale=self.settings.upscale,
+                turns=self.settings.turns,
+                time_limit=self.settings.time_limit,
             )
             for update in updates:
                 stats = update.stats
