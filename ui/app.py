@@ -322,8 +322,12 @@ def serve(
     max_upload_bytes: int | None = None,
 ) -> None:
     """Runs ``demo`` on ``host:port`` until ``stop`` is set (or SIGINT/SIGTERM); an upload larger
-    than ``max_upload_bytes`` is refused by the server (HTTP 413)."""
+    than ``max_upload_bytes``, or any request body larger than that and its form, is refused by
+    the server (HTTP 413)."""
     import gradio as gr
+    from starlette.middleware import Middleware
+
+    from vidgen.ui.http import BodySizeLimit
 
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -339,6 +343,11 @@ def serve(
         ssr_mode=False,
         allowed_paths=[],
         max_file_size=max_upload_bytes,
+        app_kwargs=(
+            {"middleware": [Middleware(BodySizeLimit, max_file_bytes=max_upload_bytes)]}
+            if max_upload_bytes
+            else None
+        ),
         theme=gr.themes.Soft(),
         css=CSS,
         # Gradio's own "is localhost reachable" probe gives up on the first reply slower than
