@@ -127,6 +127,7 @@ def build_app(
         analytics_enabled=False,
         delete_cache=(max(int(settings.file_ttl // 10), 1), int(settings.file_ttl)),
     ) as demo:
+        handlers.streams = demo.pending_streams
         session = gr.State(None, delete_callback=handlers.stop_quietly)
         gr.Markdown(
             "# vidgen live\n"

@@ -10,6 +10,8 @@ only a failure of generation itself raises ``gr.Error`` (and is logged).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import threading
 from collections.abc import Iterator
@@ -82,6 +84,26 @@ def describe(stats: LiveStats, update: LiveUpdate | None = None, seed: int | Non
     return text
 
 
+_LIBC: ctypes.CDLL | None | bool = False  # False: not looked up yet
+
+
+def trim_heap() -> bool:
+    """Hands the C heap's free memory back to the system (glibc's ``malloc_trim``); whether it did.
+
+    A chunk's tensors and encoder buffers are freed when its video ends, but glibc keeps freed
+    memory in each thread's arena for reuse, and the page's worker threads spread a video over
+    many arenas: without this the server's memory stays at its highest (measured in the README).
+    A no-op on a C library without ``malloc_trim``."""
+    global _LIBC
+    if _LIBC is False:
+        try:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.malloc_trim  # noqa: B018 - absent outside glibc
+        except (OSError, AttributeError):
+            _LIBC = None
+    return bool(_LIBC is not None and _LIBC.malloc_trim(0))
+
+
 class LiveHandlers:
     """The event handlers of one page, shared by all its browser sessions."""
 
@@ -98,6 +120,9 @@ class LiveHandlers:
         self.settings = settings or StreamSettings()
         self._stops: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
+        self.streams: dict | None = None
+        """Gradio's ``Blocks.pending_streams`` (session -> run -> output -> segments in memory),
+        set by ``build_app``: a tab's finished runs are dropped when it starts a new one."""
 
     # -------------------------------------------------------------- generate
     def generate(
@@ -118,12 +143,15 @@ class LiveHandlers:
         attention_backend: str | None,
         start_file: str | None = None,
         session_id: str | None = None,
+        request: gr.Request | None = None,
     ) -> Iterator[tuple]:
         """Streams a new video. Yields ``(video segment, frames per second, real-time factor,
         chunks, drift table, MP4, status, session id)`` once at the start and then once per
         segment; the last update carries the MP4."""
         if session_id:
             self.stop(session_id)  # one stream per browser tab
+        if request is not None:
+            self.drop_finished_streams(request.session_hash)
         form = Form(
             prompt=prompt,
             storyboard=storyboard,
@@ -213,6 +241,21 @@ class LiveHandlers:
                 updates.close()  # stops the session, closes its chunks, drops a partial MP4
             stop_session(self.backend, session_id)
             self.files.release(folder, delete=not completed)
+            with self._lock:
+                idle = not self._stops
+            if idle:  # the last video ended: its memory goes back to the system
+                trim_heap()
+
+    def drop_finished_streams(self, session_hash: str | None) -> int:
+        """Forgets the tab's finished streams (Gradio keeps every segment of every run in memory
+        until the tab closes; a client of the API never closes). Returns how many were dropped."""
+        runs = self.streams.get(session_hash) if self.streams is not None and session_hash else None
+        if not runs:
+            return 0
+        finished = [run for run, outputs in list(runs.items()) if all(s.ended for s in outputs.values())]
+        for run in finished:
+            runs.pop(run, None)
+        return len(finished)
 
     # -------------------------------------------------------------- while it plays
     def change_prompt(self, new_prompt: str, session_id: str | None = None) -> str:
