@@ -120,6 +120,8 @@ class LiveHandlers:
         self.settings = settings or StreamSettings()
         self._stops: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
+        self.trim_again_after_s = 2.0
+        """Seconds after a video ends when the heap is trimmed once more (if still idle)."""
         self.streams: dict | None = None
         """Gradio's ``Blocks.pending_streams`` (session -> run -> output -> segments in memory),
         set by ``build_app``: a tab's finished runs are dropped when it starts a new one."""
@@ -241,10 +243,18 @@ class LiveHandlers:
                 updates.close()  # stops the session, closes its chunks, drops a partial MP4
             stop_session(self.backend, session_id)
             self.files.release(folder, delete=not completed)
-            with self._lock:
-                idle = not self._stops
-            if idle:  # the last video ended: its memory goes back to the system
-                trim_heap()
+            self._trim_if_idle()
+            # Gradio goes on to post-process the last update (the MP4 into its cache) after this
+            timer = threading.Timer(self.trim_again_after_s, self._trim_if_idle)
+            timer.daemon = True
+            timer.start()
+
+    def _trim_if_idle(self) -> None:
+        """The last video ended: the memory it used goes back to the system."""
+        with self._lock:
+            idle = not self._stops
+        if idle:
+            trim_heap()
 
     def drop_finished_streams(self, session_hash: str | None) -> int:
         """Forgets the tab's finished streams (Gradio keeps every segment of every run in memory
