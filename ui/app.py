@@ -49,6 +49,12 @@ client.session_hash})`` (``/change_prompt``: ``"data": [new_prompt, None]``). A 
 answers ``/generate`` with HTTP 503, which ``gradio_client`` raises as ``QueueError`` and the
 page shows as "This application is currently busy".
 
+Bounds (:class:`~vidgen.ui.settings.ServeSettings`): ``--streams`` videos stream at once and take
+turns chunk by chunk for ``--concurrency`` slots (:class:`~vidgen.ui.live.Turns`); the server's
+per-request limits (:class:`~vidgen.pipelines.session.RequestLimits`) are in the page's fields and
+checked where sessions open; uploads and request bodies are bounded by ``--max-upload-mb``
+(:class:`~vidgen.ui.http.BodySizeLimit`, HTTP 413).
+
 Files: every file the server writes or serves lives in its own temporary folder
 (:class:`~vidgen.ui.files.ServerFiles`), cleaned after ``--file-ttl`` seconds and removed when
 the server stops; no request names a path.

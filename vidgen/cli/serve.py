@@ -21,7 +21,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--concurrency",
         type=int,
         default=1,
-        help="chunks generated at the same time; the videos streaming take turns for them chunk by chunk (default 1)",
+        help="chunks generated at the same time; the videos streaming take turns for them chunk by chunk "
+        "(default 1; with --backend ray, one per replica)",
     )
     p.add_argument(
         "--streams",
