@@ -145,15 +145,16 @@ class LiveHandlers:
         attention_backend: str | None,
         start_file: str | None = None,
         session_id: str | None = None,
-        request: gr.Request | None = None,
+        page: gr.Request | None = None,
     ) -> Iterator[tuple]:
         """Streams a new video. Yields ``(video segment, frames per second, real-time factor,
         chunks, drift table, MP4, status, session id)`` once at the start and then once per
-        segment; the last update carries the MP4."""
+        segment; the last update carries the MP4. ``page``: Gradio's request (its tab), passed by
+        Gradio."""
         if session_id:
             self.stop(session_id)  # one stream per browser tab
-        if request is not None:
-            self.drop_finished_streams(request.session_hash)
+        if page is not None:
+            self.drop_finished_streams(page.session_hash)
         form = Form(
             prompt=prompt,
             storyboard=storyboard,

@@ -46,6 +46,11 @@ def test_endpoints_and_queue(demo):
     assert not by_name["change_prompt"].queue and not by_name["stop"].queue
     # Gradio's slots are the streams; the chunks they make take turns for --concurrency slots
     assert demo._queue.max_size == 3 and demo._queue.default_concurrency_limit == 5
+    handlers = by_name["generate"].fn.__self__
+    assert handlers.settings.turns.slots == 2
+    # a tab's finished streams are dropped from Gradio's own store, which passes the tab's request
+    assert handlers.streams is demo.pending_streams
+    assert gr.utils.get_type_hints(by_name["generate"].fn)["page"] == (gr.Request | None)
 
 
 def test_the_video_streams_and_each_tab_has_its_own_state(demo):
