@@ -125,9 +125,11 @@ def test_a_video_until_stopped_does_not_starve_the_next(server):
         what="the second video's first segment",
     )
     first_frames = time.monotonic() - asked
-    before = len(endless.outputs())
     assert short.result(timeout=60)[6].startswith("**Done**: 2.0 s")
-    assert not endless.done() and len(endless.outputs()) > before  # it kept streaming meanwhile
+    # the first went on streaming: not ended to make room, and still making segments
+    done_at = len(endless.outputs())
+    assert not endless.done()
+    wait_for(lambda: len(endless.outputs()) > done_at, timeout=30, what="the first video to go on")
     assert run_outside_queue(server, "stop", a).startswith("Stopping")
     assert endless.result(timeout=30)[6].startswith("**Stopped**")
     print(f"second client's first segment after {first_frames:.1f} s")
