@@ -81,6 +81,24 @@ def fit_warnings(config: VidgenConfig, prompts: list[str], height: int, width: i
 
 
 @dataclass(frozen=True)
+class RequestLimits:
+    """A server's bounds on one request, below the model's own (``vidgen serve --max-side``,
+    ``--max-steps``): what one client may ask is refused at ``open``, before memory is spent."""
+
+    max_side: int | None = None
+    """Largest height or width (None: twice the config's default size)."""
+    max_steps: int | None = None
+    """Most sampler steps per chunk (None: twice the config's default, at least 16)."""
+
+    def resolve(self, config: VidgenConfig) -> tuple[int, int]:
+        """``(max_side, max_steps)`` for a model whose config is ``config``."""
+        g = config.generation
+        side = self.max_side if self.max_side is not None else 2 * max(g.height, g.width)
+        steps = self.max_steps if self.max_steps is not None else max(16, 2 * g.num_inference_steps)
+        return side, steps
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """What a model accepts, derived from its pipeline (see :meth:`from_pipeline`)."""
 
@@ -89,12 +107,17 @@ class ModelInfo:
     size_multiple: int
     """Height and width must be multiples of this (VAE downsampling x transformer patch)."""
     max_side: int
-    """Largest height or width the transformer's positional table covers."""
+    """Largest height or width: what the transformer's positional table covers, or less where a
+    server limits it (:class:`RequestLimits`)."""
     attention_backends: tuple[str, ...] = ()
     """Attention backends usable where the model runs (empty: only automatic)."""
+    max_steps: int | None = None
+    """Most sampler steps per chunk (None: the config's ``generation.max_steps``)."""
+    limited: bool = False
+    """The bounds are a server's (:class:`RequestLimits`), tighter than the model's."""
 
     @classmethod
-    def from_pipeline(cls, pipe: LongVideoPipeline) -> ModelInfo:
+    def from_pipeline(cls, pipe: LongVideoPipeline, limits: RequestLimits | None = None) -> ModelInfo:
         from vidgen.attention import available_backends
 
         s = spatial_factor(pipe.vae)
@@ -102,20 +125,43 @@ class ModelInfo:
         multiple = s * max(p_h, p_w)
         rope = getattr(pipe.transformer.config, "rope_max_seq_len", None)
         max_side = rope * multiple if rope else 4096
-        return cls(pipe.config, multiple, max_side, tuple(available_backends()))
+        max_steps = pipe.config.generation.max_steps
+        if limits is not None:
+            side, steps = limits.resolve(pipe.config)
+            max_side, max_steps = min(max_side, side), min(max_steps, steps)
+        return cls(
+            pipe.config, multiple, max_side, tuple(available_backends()), max_steps, limits is not None
+        )
 
     @property
     def fps(self) -> int:
         return self.config.generation.fps
 
+    @property
+    def steps_limit(self) -> int:
+        return self.max_steps if self.max_steps is not None else self.config.generation.max_steps
+
     def check_size(self, height: int, width: int) -> None:
         """Raises :class:`InputError` unless the model can make ``height`` x ``width`` frames."""
         m = self.size_multiple
+        where = "on this server" if self.limited else "for this model"
         for name, value in (("height", height), ("width", width)):
             if value <= 0 or value % m:
                 raise InputError(f"{name} must be a positive multiple of {m} for this model, got {value}")
             if value > self.max_side:
-                raise InputError(f"{name} must be at most {self.max_side} for this model, got {value}")
+                raise InputError(f"{name} must be at most {self.max_side} {where}, got {value}")
+
+    def check_steps(self, steps: int) -> None:
+        """Raises :class:`InputError` unless ``steps`` sampler steps per chunk may be asked for."""
+        if steps > self.steps_limit:
+            where = "on this server" if self.limited else "for this model"
+            raise InputError(f"steps must be at most {self.steps_limit} {where}, got {steps}")
+
+    def check_request(self, request: GenerationRequest) -> None:
+        """The size and steps of ``request`` (its defaults: the config's), checked as above."""
+        g = self.config.generation
+        self.check_size(request.height or g.height, request.width or g.width)
+        self.check_steps(request.num_inference_steps or g.num_inference_steps)
 
     def check_overrides(self, overrides: dict[str, Any]) -> VidgenConfig:
         """The config ``overrides`` make, or :class:`InputError` saying what to change."""
@@ -197,7 +243,8 @@ class SessionManager:
     :meth:`chunks` reads a session; :meth:`next_chunk` is its step (a server that steps sessions
     on one compute thread calls it, with :meth:`begin_read` / :meth:`end_read` around). A session
     stays until it is stopped or evicted, so that it can be extended; an idle one is evicted when
-    another opens, or by a server's own timer (:meth:`idle`, :meth:`evict`).
+    another opens, or by a server's own timer (:meth:`idle`, :meth:`evict`). With ``limits`` a
+    request beyond a server's bounds is refused at :meth:`open` (and :attr:`info` states them).
     """
 
     def __init__(
@@ -208,9 +255,11 @@ class SessionManager:
         idle_timeout_s: float = 600.0,
         new_id: Callable[[], str] | None = None,
         streamer: Callable[..., Iterator[VideoChunk]] | None = None,
+        limits: RequestLimits | None = None,
     ) -> None:
         self.pipe = pipe
         self.streamer = streamer or pipe.stream
+        self.limits = limits
         self.persist_dir = Path(persist_dir) if persist_dir else None
         self.idle_timeout_s = idle_timeout_s
         self.new_id = new_id or (lambda: uuid.uuid4().hex)
@@ -223,7 +272,7 @@ class SessionManager:
     @property
     def info(self) -> ModelInfo:
         if self._info is None:
-            self._info = ModelInfo.from_pipeline(self.pipe)
+            self._info = ModelInfo.from_pipeline(self.pipe, self.limits)
         return self._info
 
     @property
@@ -239,6 +288,8 @@ class SessionManager:
         for idle in self.idle():
             self.evict(idle)
         request.validate()
+        if self.limits is not None:  # a server's bounds (the model's own are checked below)
+            self.info.check_request(request)
         overrides = request.config_overrides()
         fps = (self.pipe.config.replace(**overrides) if overrides else self.pipe.config).generation.fps
         seed = (
@@ -538,6 +589,7 @@ def _after(chunk: VideoChunk, delivered: int, fps: int) -> VideoChunk | None:
 __all__ = [
     "GenerationRequest",
     "ModelInfo",
+    "RequestLimits",
     "SessionBackend",
     "SessionManager",
     "SessionNotFound",

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vidgen.distributed.ray_worker import PipelineSpec
-from vidgen.pipelines.session import GenerationRequest, SessionNotFound
+from vidgen.pipelines.session import GenerationRequest, RequestLimits, SessionNotFound
 
 if TYPE_CHECKING:
     from vidgen.serving.followers import GroupSettings
@@ -99,6 +99,7 @@ class SessionReplica:
         check_every_s: float | None = None,
         loopback: bool = False,
         group_settings: GroupSettings | None = None,
+        limits: RequestLimits | None = None,
     ) -> None:
         import os
         import uuid
@@ -125,6 +126,7 @@ class SessionReplica:
             idle_timeout_s=idle_timeout_s,
             new_id=lambda: f"{self.replica_id}.{uuid.uuid4().hex}",
             streamer=self.group.leader if self.group is not None else None,
+            limits=limits,
         )
         # one compute thread: the pipeline runs one chunk at a time
         self.compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vidgen-compute")
@@ -213,10 +215,12 @@ def deployment(
     loopback: bool = False,
     sp: int = 1,
     rendezvous_root: str | Path | None = None,
+    limits: RequestLimits | None = None,
 ):
     """The bound Serve application: ``replicas`` copies of :class:`SessionReplica`, each one
     ``sp`` processes (the replica and ``sp - 1`` followers, on one node) with ``cpus_per_replica``
-    CPUs (or a GPU) each; ``rendezvous_root``: where their groups meet (see ``GroupSettings``)."""
+    CPUs (or a GPU) each; ``rendezvous_root``: where their groups meet (see ``GroupSettings``);
+    ``limits``: each replica refuses requests beyond them at ``open``."""
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
@@ -246,9 +250,8 @@ def deployment(
         request_router_config=RequestRouterConfig(request_router_class=ROUTER),
         **placement,
     )
-    return cls.bind(
-        spec, str(persist_dir) if persist_dir else None, idle_timeout_s, check_every_s, loopback, group
-    )
+    persist = str(persist_dir) if persist_dir else None
+    return cls.bind(spec, persist, idle_timeout_s, check_every_s, loopback, group, limits)
 
 
 class RaySessions:
@@ -279,6 +282,7 @@ class RaySessions:
         app_name: str = APP_NAME,
         sp: int = 1,
         sp_kind: str | None = None,
+        limits: RequestLimits | None = None,
     ) -> RaySessions:
         """Deploy the pipeline (``model``, ``config``, ``overrides`` as in ``from_pretrained``) on
         ``replicas`` Serve replicas (None: one per ``sp`` GPUs, or one on a CPU-only cluster).
@@ -286,6 +290,7 @@ class RaySessions:
         ``sp``: processes per replica sharing each video's tokens (sequence parallelism);
         ``sp_kind``: ``"ulysses"``, ``"ring"`` or ``"auto"`` (None: the config's
         ``runtime.sp_kind``). A degree the model cannot run raises ``DegreeError`` before Ray starts.
+        ``limits``: a server's bounds on one request, enforced by every replica.
         """
         from vidgen.distributed.ray_cluster import DegreeError, RayParallelism
         from vidgen.pipelines.loading import resolve_model
@@ -327,6 +332,7 @@ class RaySessions:
             cpus_per_replica=cpus_per_replica,
             loopback=loopback,
             rendezvous_root=scratch,
+            limits=limits,
         )
         handle = serve.run(app, name=app_name, route_prefix=None)
         return cls(handle, app_name, owns_ray=started == "local", scratch=scratch)

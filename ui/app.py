@@ -49,6 +49,12 @@ client.session_hash})`` (``/change_prompt``: ``"data": [new_prompt, None]``). A 
 answers ``/generate`` with HTTP 503, which ``gradio_client`` raises as ``QueueError`` and the
 page shows as "This application is currently busy".
 
+Bounds (:class:`~vidgen.ui.settings.ServeSettings`): ``--streams`` videos stream at once and take
+turns chunk by chunk for ``--concurrency`` slots (:class:`~vidgen.ui.live.Turns`); the server's
+per-request limits (:class:`~vidgen.pipelines.session.RequestLimits`) are in the page's fields and
+checked where sessions open; uploads and request bodies are bounded by ``--max-upload-mb``
+(:class:`~vidgen.ui.http.BodySizeLimit`, HTTP 413).
+
 Files: every file the server writes or serves lives in its own temporary folder
 (:class:`~vidgen.ui.files.ServerFiles`), cleaned after ``--file-ttl`` seconds and removed when
 the server stops; no request names a path.
@@ -60,13 +66,13 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vidgen.pipelines.session import ModelInfo, SessionBackend
+from vidgen.pipelines.session import ModelInfo, RequestLimits, SessionBackend
 from vidgen.ui.files import ServerFiles
 from vidgen.ui.form import AUTO_BACKEND
 from vidgen.ui.live import DRIFT_LEGEND
+from vidgen.ui.settings import ServeSettings
 from vidgen.validation import InputError
 
 if TYPE_CHECKING:
@@ -96,41 +102,6 @@ CSS = """
 """
 
 
-@dataclass
-class ServeSettings:
-    """How the server runs (``vidgen serve`` options)."""
-
-    concurrency: int = 1
-    """Videos generated at the same time."""
-    queue_size: int = 8
-    """Requests that may wait for a free slot; beyond that the page says the server is busy."""
-    file_ttl: float = 3600.0
-    """Seconds a finished video's files are kept."""
-    segment_seconds: float = 1.0
-    max_lead: float = 3.0
-    upscale: int = 1
-    """The player's and the download's frames are this many times the model's."""
-    resample: str = "nearest"
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise InputError(f"concurrency must be at least 1, got {self.concurrency}")
-        if self.queue_size < 1:
-            raise InputError(f"the queue size must be at least 1, got {self.queue_size}")
-        if self.file_ttl <= 0:
-            raise InputError(f"the file time to live must be > 0 seconds, got {self.file_ttl}")
-        if self.segment_seconds < 1:
-            raise InputError(f"stream segments must last at least 1 s, got {self.segment_seconds}")
-        if self.max_lead < 0:
-            raise InputError(f"the maximum lead must be >= 0 seconds, got {self.max_lead}")
-        from vidgen.video import Upscale
-
-        try:
-            Upscale(self.upscale, self.resample)  # checks them
-        except ValueError as err:
-            raise InputError(str(err)) from None
-
-
 def build_app(
     backend: SessionBackend,
     info: ModelInfo,
@@ -141,12 +112,18 @@ def build_app(
     import gradio as gr
 
     from vidgen.ui.handlers import LiveHandlers, StreamSettings
-
-    settings = settings or ServeSettings()
+    from vidgen.ui.live import Turns
     from vidgen.video import Upscale
 
+    settings = settings or ServeSettings()
     stream = StreamSettings(
-        settings.segment_seconds, settings.max_lead, Upscale(settings.upscale, settings.resample)
+        settings.segment_seconds,
+        settings.max_lead,
+        Upscale(settings.upscale, settings.resample),
+        # the streams (up to settings.streams) take turns for the slots chunk by chunk: a video
+        # that runs until stopped does not hold a slot while others wait
+        turns=Turns(settings.concurrency),
+        time_limit=settings.max_session_seconds or None,
     )
     handlers = LiveHandlers(backend, info, files, stream)
     g, d = info.config.generation, info.config.drift
@@ -156,6 +133,7 @@ def build_app(
         analytics_enabled=False,
         delete_cache=(max(int(settings.file_ttl // 10), 1), int(settings.file_ttl)),
     ) as demo:
+        handlers.streams = demo.pending_streams
         session = gr.State(None, delete_callback=handlers.stop_quietly)
         gr.Markdown(
             "# vidgen live\n"
@@ -190,8 +168,9 @@ def build_app(
                 with gr.Row():
                     seed = gr.Number(label="Seed (-1: random)", value=-1, precision=0, minimum=-1)
                     steps = gr.Slider(
-                        1, max(16, 2 * g.num_inference_steps), g.num_inference_steps, step=1, label="Steps"
-                    )
+                        1, min(max(16, 2 * g.num_inference_steps), info.steps_limit), g.num_inference_steps,
+                        step=1, label="Steps",
+                    )  # fmt: skip
                 with gr.Row():
                     m = info.size_multiple
                     height = gr.Number(
@@ -312,7 +291,7 @@ def build_app(
             api_visibility="private",
         )
         stop_button.click(handlers.stop, [session], [status], queue=False, api_name="stop")
-    demo.queue(default_concurrency_limit=settings.concurrency, max_size=settings.queue_size)
+    demo.queue(default_concurrency_limit=settings.streams, max_size=settings.queue_size)
     return demo
 
 
@@ -324,10 +303,17 @@ def _initial_backend(info: ModelInfo) -> str:
 
 # ------------------------------------------------------------------ serving
 def open_backend(
-    kind: str, model: str | None, config: str | None, *, sp: int = 1, sp_kind: str | None = None
+    kind: str,
+    model: str | None,
+    config: str | None,
+    limits: RequestLimits | None = None,
+    *,
+    sp: int = 1,
+    sp_kind: str | None = None,
 ) -> tuple[SessionBackend, ModelInfo]:
     """Loads the model behind the page: in this process (``local``) or on Ray Serve (``ray``, each
-    replica ``sp`` processes splitting every video's tokens by ``sp_kind``)."""
+    replica ``sp`` processes splitting every video's tokens by ``sp_kind``); ``limits``: the
+    server's bounds on one request, enforced where sessions open."""
     from vidgen.pipelines import LongVideoPipeline
     from vidgen.pipelines.session import SessionManager
 
@@ -336,17 +322,28 @@ def open_backend(
             from vidgen.serving import RaySessions  # the SessionBackend protocol, plus .info
         except ImportError as err:
             raise InputError(f"--backend ray: {err} (pip install 'vidgen[distributed]')") from None
-        sessions = RaySessions.from_pretrained(model, config=config, sp=sp, sp_kind=sp_kind)
+        sessions = RaySessions.from_pretrained(model, config=config, limits=limits, sp=sp, sp_kind=sp_kind)
     elif sp != 1:
         raise InputError(f"--sp {sp} applies to --backend ray (the local backend is one process)")
     else:
-        sessions = SessionManager(LongVideoPipeline.from_pretrained(model, config=config))
+        sessions = SessionManager(LongVideoPipeline.from_pretrained(model, config=config), limits=limits)
     return sessions, sessions.info
 
 
-def serve(demo: gr.Blocks, host: str, port: int | None, stop: threading.Event | None = None) -> None:
-    """Runs ``demo`` on ``host:port`` until ``stop`` is set (or SIGINT/SIGTERM)."""
+def serve(
+    demo: gr.Blocks,
+    host: str,
+    port: int | None,
+    stop: threading.Event | None = None,
+    max_upload_bytes: int | None = None,
+) -> None:
+    """Runs ``demo`` on ``host:port`` until ``stop`` is set (or SIGINT/SIGTERM); an upload larger
+    than ``max_upload_bytes``, or any request body larger than that and its form, is refused by
+    the server (HTTP 413)."""
     import gradio as gr
+    from starlette.middleware import Middleware
+
+    from vidgen.ui.http import BodySizeLimit
 
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -361,6 +358,12 @@ def serve(demo: gr.Blocks, host: str, port: int | None, stop: threading.Event | 
         show_error=True,
         ssr_mode=False,
         allowed_paths=[],
+        max_file_size=max_upload_bytes,
+        app_kwargs=(
+            {"middleware": [Middleware(BodySizeLimit, max_file_bytes=max_upload_bytes)]}
+            if max_upload_bytes
+            else None
+        ),
         theme=gr.themes.Soft(),
         css=CSS,
         # Gradio's own "is localhost reachable" probe gives up on the first reply slower than
@@ -392,7 +395,8 @@ def run_server(
     if importlib.util.find_spec("gradio") is None:
         raise InputError("vidgen serve needs Gradio: pip install 'vidgen[ui]'")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    sessions, info = open_backend(backend, model, config, sp=sp, sp_kind=sp_kind)
+    limits = RequestLimits(settings.max_side, settings.max_steps)
+    sessions, info = open_backend(backend, model, config, limits, sp=sp, sp_kind=sp_kind)
     files = ServerFiles.create(settings.file_ttl)
     # Gradio reads these when it is imported (build_app imports it): its uploads, served copies
     # and scratch files then live inside the server's folder, and go with it
@@ -401,7 +405,7 @@ def run_server(
     try:
         demo = build_app(sessions, info, files, settings)
         files.start_sweeping()
-        serve(demo, host, port)
+        serve(demo, host, port, max_upload_bytes=settings.max_upload_bytes)
     finally:
         files.cleanup()
         shutdown = getattr(sessions, "shutdown", None)  # a Ray deployment is taken down with the page

@@ -194,6 +194,7 @@ def build_request(form: Form, info: ModelInfo) -> tuple[GenerationRequest, list[
     steps = _integer("steps", form.steps, g.num_inference_steps, minimum=1)
     try:
         info.check_size(height, width)
+        info.check_steps(steps)
     except InputError as err:
         raise FormError(str(err)) from None
     warnings += fit_warnings(info.config, [text for _, text in board], height, width)

@@ -10,6 +10,8 @@ only a failure of generation itself raises ``gr.Error`` (and is logged).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import threading
 from collections.abc import Iterator
@@ -22,7 +24,7 @@ from vidgen.pipelines.session import ModelInfo, SessionBackend
 from vidgen.request import GenerationRequest
 from vidgen.ui.files import ServerFiles
 from vidgen.ui.form import Form, FormError, build_request
-from vidgen.ui.live import ACTION_NAMES, LiveStats, LiveUpdate, live_stream, stop_session
+from vidgen.ui.live import ACTION_NAMES, LiveStats, LiveUpdate, Turns, live_stream, stop_session
 from vidgen.validation import InputError
 from vidgen.video import Upscale
 from vidgen.video.naming import video_file_name
@@ -38,6 +40,10 @@ class StreamSettings:
     """Seconds of video generation may run ahead of the stream (0: no limit)."""
     upscale: Upscale | int | None = None
     """Enlarges the player's segments and the MP4 (``vidgen serve --upscale``)."""
+    turns: Turns | None = None
+    """The slots chunks are made in, shared by every stream of the page (None: no turns)."""
+    time_limit: float | None = None
+    """Wall-clock seconds one video may stream (``--max-session-seconds``; None: no limit)."""
 
 
 def drift_table(stats: LiveStats | None):
@@ -62,6 +68,8 @@ def describe(stats: LiveStats, update: LiveUpdate | None = None, seed: int | Non
     """The status line under the video."""
     if update is not None and update.done:
         verb = "Stopped" if update.stopped else "Done"
+        if update.time_up:
+            verb = "Stopped at the server's time limit"
         text = f"**{verb}**: {stats.video_seconds:.1f} s of video in {stats.chunks} chunks"
         text += f", seed {seed}." if seed is not None else "."
         return text + (" Download the MP4 below." if update.video is not None else "")
@@ -74,6 +82,26 @@ def describe(stats: LiveStats, update: LiveUpdate | None = None, seed: int | Non
     if seed is not None:
         text += f" - seed {seed}"
     return text
+
+
+_LIBC: ctypes.CDLL | None | bool = False  # False: not looked up yet
+
+
+def trim_heap() -> bool:
+    """Hands the C heap's free memory back to the system (glibc's ``malloc_trim``); whether it did.
+
+    A chunk's tensors and encoder buffers are freed when its video ends, but glibc keeps freed
+    memory in each thread's arena for reuse, and the page's worker threads spread a video over
+    many arenas: without this the server's memory stays at its highest (measured in the README).
+    A no-op on a C library without ``malloc_trim``."""
+    global _LIBC
+    if _LIBC is False:
+        try:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.malloc_trim  # noqa: B018 - absent outside glibc
+        except (OSError, AttributeError):
+            _LIBC = None
+    return bool(_LIBC is not None and _LIBC.malloc_trim(0))
 
 
 class LiveHandlers:
@@ -92,6 +120,11 @@ class LiveHandlers:
         self.settings = settings or StreamSettings()
         self._stops: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
+        self.trim_again_after_s = 2.0
+        """Seconds after a video ends when the heap is trimmed once more (if still idle)."""
+        self.streams: dict | None = None
+        """Gradio's ``Blocks.pending_streams`` (session -> run -> output -> segments in memory),
+        set by ``build_app``: a tab's finished runs are dropped when it starts a new one."""
 
     # -------------------------------------------------------------- generate
     def generate(
@@ -112,12 +145,16 @@ class LiveHandlers:
         attention_backend: str | None,
         start_file: str | None = None,
         session_id: str | None = None,
+        page: gr.Request | None = None,
     ) -> Iterator[tuple]:
         """Streams a new video. Yields ``(video segment, frames per second, real-time factor,
         chunks, drift table, MP4, status, session id)`` once at the start and then once per
-        segment; the last update carries the MP4."""
+        segment; the last update carries the MP4. ``page``: Gradio's request (its tab), passed by
+        Gradio."""
         if session_id:
             self.stop(session_id)  # one stream per browser tab
+        if page is not None:
+            self.drop_finished_streams(page.session_hash)
         form = Form(
             prompt=prompt,
             storyboard=storyboard,
@@ -174,6 +211,8 @@ class LiveHandlers:
                 planned_seconds=request.seconds,
                 file_name=video_file_name(request.prompt or request.storyboard[0][1]),
                 upscale=self.settings.upscale,
+                turns=self.settings.turns,
+                time_limit=self.settings.time_limit,
             )
             for update in updates:
                 stats = update.stats
@@ -205,6 +244,29 @@ class LiveHandlers:
                 updates.close()  # stops the session, closes its chunks, drops a partial MP4
             stop_session(self.backend, session_id)
             self.files.release(folder, delete=not completed)
+            self._trim_if_idle()
+            # Gradio goes on to post-process the last update (the MP4 into its cache) after this
+            timer = threading.Timer(self.trim_again_after_s, self._trim_if_idle)
+            timer.daemon = True
+            timer.start()
+
+    def _trim_if_idle(self) -> None:
+        """The last video ended: the memory it used goes back to the system."""
+        with self._lock:
+            idle = not self._stops
+        if idle:
+            trim_heap()
+
+    def drop_finished_streams(self, session_hash: str | None) -> int:
+        """Forgets the tab's finished streams (Gradio keeps every segment of every run in memory
+        until the tab closes; a client of the API never closes). Returns how many were dropped."""
+        runs = self.streams.get(session_hash) if self.streams is not None and session_hash else None
+        if not runs:
+            return 0
+        finished = [run for run, outputs in list(runs.items()) if all(s.ended for s in outputs.values())]
+        for run in finished:
+            runs.pop(run, None)
+        return len(finished)
 
     # -------------------------------------------------------------- while it plays
     def change_prompt(self, new_prompt: str, session_id: str | None = None) -> str:

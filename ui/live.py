@@ -13,6 +13,7 @@ after everything a fast model has made in advance. Plain Python (no Gradio).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -109,6 +110,8 @@ class LiveUpdate:
     done: bool = False
     stopped: bool = False
     """The session ended before its planned length (stopped, or it had none)."""
+    time_up: bool = False
+    """It was ended by the server's time limit for one video."""
 
 
 class LiveRecorder:
@@ -149,6 +152,44 @@ class LiveRecorder:
         self.mp4.abort()
 
 
+class Turns:
+    """``slots`` places to make a chunk in, handed out first come, first served.
+
+    Each stream takes a turn for one chunk and queues again behind the others for the next, so a
+    video that runs until stopped shares the slots with the ones started after it instead of
+    holding one for as long as it plays."""
+
+    def __init__(self, slots: int = 1) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
+        self.slots = slots
+        self._busy = 0
+        self._waiting: deque[object] = deque()
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        ticket = object()
+        with self._changed:
+            self._waiting.append(ticket)
+            while self._busy >= self.slots or self._waiting[0] is not ticket:
+                self._changed.wait()
+            self._waiting.popleft()
+            self._busy += 1
+            self._changed.notify_all()  # the next in line may have a free slot too
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._busy -= 1
+                self._changed.notify_all()
+
+    @property
+    def waiting(self) -> int:
+        with self._changed:
+            return len(self._waiting)
+
+
 def live_stream(
     backend: SessionBackend,
     session_id: str,
@@ -162,6 +203,8 @@ def live_stream(
     clock: Callable[[], float] = time.monotonic,
     file_name: str = "video.mp4",
     upscale: Upscale | int | None = None,
+    turns: Turns | None = None,
+    time_limit: float | None = None,
 ) -> Iterator[LiveUpdate]:
     """Yields one :class:`LiveUpdate` per completed segment, then a last one with the MP4.
 
@@ -170,6 +213,8 @@ def live_stream(
     generator (a client that went away). Each segment file is deleted once the consumer asks for
     the next update (a streaming player has taken it by then). ``max_lead`` None or 0: no pacing.
     ``file_name``: the downloadable MP4's name; ``upscale``: enlarges segments and MP4.
+    ``turns``: each chunk is made in one of its slots (streams sharing a model take turns).
+    ``time_limit``: seconds (of ``clock``) after which no further chunk is made, as after Stop.
     """
     stop_event = stop_event or threading.Event()
     stats = LiveStats(fps=float(fps))
@@ -179,8 +224,9 @@ def live_stream(
     except KeyError:  # SessionNotFound: stopped, and so closed, before its first chunk
         chunks = iter(())
     started_playing: float | None = None
+    deadline = clock() + time_limit if time_limit else None
     streamed = 0.0  # seconds of video in the segments handed out
-    finished = False
+    finished = time_up = False
     try:
         while True:
             if max_lead and started_playing is not None:
@@ -190,16 +236,21 @@ def live_stream(
                     if ahead <= max_lead:
                         break
                     stop_event.wait(min(ahead - max_lead, 0.25))
+            if deadline is not None and clock() >= deadline and not stop_event.is_set():
+                time_up = True
+                stop_event.set()
             if stop_event.is_set():
                 # no further chunk is taken, even one a remote backend made ahead: the video ends
                 # with the chunk that was being made when Stop came
                 stop_session(backend, session_id)
                 break
-            t0 = time.perf_counter()
-            chunk = next(chunks, None)
+            with turns.turn() if turns is not None else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                chunk = next(chunks, None)
+                busy = time.perf_counter() - t0  # the wait for a turn is not generation time
             if chunk is None:
                 break
-            stats.add(chunk, time.perf_counter() - t0)
+            stats.add(chunk, busy)
             for segment in recorder.add(chunk.frames):
                 if started_playing is None:
                     started_playing = clock()
@@ -211,7 +262,8 @@ def live_stream(
         stopped = planned_seconds is None or stats.video_seconds < planned_seconds - 0.5 / fps
         for segment in last[:-1]:
             yield LiveUpdate(segment, stats)
-        yield LiveUpdate(last[-1] if last else None, stats, video=video, done=True, stopped=stopped)
+        final = last[-1] if last else None
+        yield LiveUpdate(final, stats, video=video, done=True, stopped=stopped, time_up=time_up and stopped)
     finally:
         stop_session(backend, session_id)
         if not finished:

@@ -52,6 +52,23 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         (["serve", "--sp-kind", "ring"], "--sp-kind ring applies to --backend ray"),
         (["serve", "--backend", "ray", "--sp", "0"], "--sp must be a positive integer, got 0"),
         (["serve", "--backend", "ray", "--sp-kind", "tree"], "invalid choice: 'tree'"),
+        # vidgen serve: every option is checked before the model loads (issue 13)
+        (["serve", "--file-ttl", "nan"], "--file-ttl must be a finite number, got nan"),
+        (["serve", "--file-ttl", "0"], "--file-ttl must be at least 1, got 0"),
+        (["serve", "--port", "99999"], "--port must be at most 65535, got 99999"),
+        (["serve", "--port", "0"], "--port must be at least 1, got 0"),
+        (["serve", "--host", "no such host"], "--host must be an address such as 127.0.0.1"),
+        (["serve", "--host", "256.0.0.1"], "--host 256.0.0.1: not an address of this machine"),
+        (["serve", "--concurrency", "0"], "--concurrency must be at least 1, got 0"),
+        (["serve", "--streams", "0"], "--streams must be at least 1, got 0"),
+        (["serve", "--queue-size", "-2"], "--queue-size must be at least 1, got -2"),
+        (["serve", "--segment-seconds", "inf"], "--segment-seconds must be a finite number, got inf"),
+        (["serve", "--max-lead", "-inf"], "--max-lead must be a finite number, got -inf"),
+        (["serve", "--upscale", "17"], "--upscale must be at most 16, got 17"),
+        (["serve", "--max-upload-mb", "nan"], "--max-upload-mb must be a finite number, got nan"),
+        (["serve", "--max-side", "0"], "--max-side must be at least 1, got 0"),
+        (["serve", "--max-steps", "-1"], "--max-steps must be at least 1, got -1"),
+        (["serve", "--max-session-seconds", "-5"], "--max-session-seconds must be at least 0, got -5"),
     ],
 )
 def test_argument_errors_come_before_the_heavy_imports(args, message):
@@ -75,6 +92,20 @@ def test_serve_refuses_a_degree_the_model_cannot_split_before_ray_starts():
     ]
     assert "ray imported: False" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_serve_refuses_a_port_in_use_before_loading_the_model():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _cli("serve", "--port", str(port))
+    assert result.returncode == 2, result.stderr
+    assert f"vidgen serve: error: cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr
+    assert len(result.stderr.splitlines()) == 2  # the error, and the probe's line
+    assert "torch imported: False" in result.stderr
 
 
 def test_version_and_help_show_what_a_new_user_needs():

@@ -12,7 +12,13 @@ import pytest
 from tests.tiny import FP32, assert_frames_match, tiny_components
 from vidgen.attention import dispatch
 from vidgen.pipelines import InputError
-from vidgen.pipelines.session import GenerationRequest, ModelInfo, SessionManager, SessionNotFound
+from vidgen.pipelines.session import (
+    GenerationRequest,
+    ModelInfo,
+    RequestLimits,
+    SessionManager,
+    SessionNotFound,
+)
 
 PROMPT = "a red circle moving left on a black background"
 
@@ -99,6 +105,35 @@ def test_model_info_checks_sizes_and_overrides(sessions):
     assert info.check_overrides({"generation.window_frames": 8}).generation.window_frames == 8
     with pytest.raises(InputError, match="multiple of chunk_frames"):
         info.check_overrides({"generation.window_frames": 3})
+
+
+def test_a_servers_limits_refuse_a_request_at_open_before_memory_is_spent(sessions):
+    """``vidgen serve`` (and each Serve replica) bound one request below the model's own limits:
+    by default twice the config's size (64 -> 128) and steps (4 -> 16)."""
+    limited = SessionManager(sessions.pipe, limits=RequestLimits())
+    info = limited.info
+    assert (info.max_side, info.max_steps) == (128, 16) and sessions.info.max_side == 512
+    for request, message in [
+        (
+            GenerationRequest(prompt=PROMPT, height=2048, width=2048),
+            "height must be at most 128 on this server",
+        ),
+        (GenerationRequest(prompt=PROMPT, width=136), "width must be at most 128 on this server"),
+        (GenerationRequest(prompt=PROMPT, num_inference_steps=17), "steps must be at most 16 on this server"),
+    ]:
+        with pytest.raises(InputError, match=message):
+            limited.open(request)
+    assert limited.active == 0
+    # the same requests within the model's own bounds open without the server's limits
+    sessions.stop(sessions.open(GenerationRequest(prompt=PROMPT, width=136, num_inference_steps=17)))
+    at_the_limit = limited.open(
+        GenerationRequest(prompt=PROMPT, height=128, width=128, num_inference_steps=16)
+    )
+    limited.stop(at_the_limit)
+    assert limited.active == 0
+    # set explicitly, and never above what the model itself can do
+    info = SessionManager(sessions.pipe, limits=RequestLimits(max_side=4096, max_steps=8)).info
+    assert (info.max_side, info.max_steps) == (512, 8)
 
 
 # ---------------------------------------------------------------------- length, persistence

@@ -11,7 +11,8 @@ import pytest
 
 from tests.distributed.ray_network import listeners_off_loopback
 from tests.tiny import FP32, assert_frames_match, tiny_components
-from vidgen.pipelines.session import GenerationRequest, SessionNotFound
+from vidgen.pipelines import InputError
+from vidgen.pipelines.session import GenerationRequest, RequestLimits, SessionNotFound
 from vidgen.serving.affinity import fallback_replica, owner_of
 
 RED = "a red circle moving left on a black background"
@@ -32,6 +33,7 @@ def sessions(ray_cluster, tiny_model_dir, tmp_path_factory):
         idle_timeout_s=IDLE_S,
         check_every_s=0.25,
         cpus_per_replica=0.5,
+        limits=RequestLimits(),  # as vidgen serve --backend ray: twice the tiny model's 64x64, 4 steps
     )
     yield backend
     backend.shutdown()
@@ -104,6 +106,14 @@ def test_a_session_started_from_an_image_opens_with_it(sessions, pipe, tmp_path)
     assert len(made) == 1 + 16  # the image, then the second asked for
     assert_frames_match(made, np.concatenate([c.frames for c in expected]))
     sessions.stop(sid)
+
+
+def test_each_replica_refuses_a_request_beyond_the_servers_limits(sessions):
+    assert (sessions.info.max_side, sessions.info.max_steps) == (128, 16)
+    with pytest.raises(InputError, match="height must be at most 128 on this server"):
+        sessions.open(GenerationRequest(prompt=RED, seconds=1.0, height=2048, width=2048))
+    with pytest.raises(InputError, match="steps must be at most 16 on this server"):
+        sessions.open(GenerationRequest(prompt=RED, seconds=1.0, num_inference_steps=17))
 
 
 def test_fallback_replica_is_stable():

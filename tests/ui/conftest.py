@@ -54,8 +54,8 @@ class Server:
 
 @pytest.fixture(scope="session")
 def server(tiny_model_dir, tmp_path_factory):
-    """``vidgen serve`` on the tiny model, on a free loopback port; one request at a time and a
-    queue of one, so a third request finds it busy."""
+    """``vidgen serve`` on the tiny model, on a free loopback port: two streams taking turns for
+    one chunk slot, a queue of one (so a fourth request finds it busy) and uploads up to 1 MB."""
     tmp = tmp_path_factory.mktemp("server")
     log = tmp / "serve.log"
     port = free_port()
@@ -69,7 +69,8 @@ def server(tiny_model_dir, tmp_path_factory):
         "NO_PROXY": "127.0.0.1,localhost",
     }
     command = [sys.executable, "-m", "vidgen", "serve", "--model", str(tiny_model_dir), "--port", str(port)]
-    command += ["--host", "127.0.0.1", "--concurrency", "1", "--queue-size", "1"]
+    command += ["--host", "127.0.0.1", "--concurrency", "1", "--streams", "2", "--queue-size", "1"]
+    command += ["--max-upload-mb", "1"]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, env=env, cwd=tmp, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"

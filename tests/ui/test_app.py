@@ -33,7 +33,7 @@ def test_importing_the_page_loads_neither_gradio_nor_a_model():
 def demo(tiny_sessions, tmp_path_factory):
     files = ServerFiles.create(60, parent=tmp_path_factory.mktemp("files"))
     backend = FakeBackend(flat_colour_clip(8))  # the page never asks a backend for its model
-    yield build_app(backend, tiny_sessions.info, files, ServeSettings(concurrency=2, queue_size=3))
+    yield build_app(backend, tiny_sessions.info, files, ServeSettings(concurrency=2, streams=5, queue_size=3))
     files.cleanup()
 
 
@@ -44,7 +44,13 @@ def test_endpoints_and_queue(demo):
     assert by_name["generate"].queue and by_name["generate"].concurrency_id == "generate"
     # steering a stream must not wait behind the generations in the queue
     assert not by_name["change_prompt"].queue and not by_name["stop"].queue
-    assert demo._queue.max_size == 3 and demo._queue.default_concurrency_limit == 2
+    # Gradio's slots are the streams; the chunks they make take turns for --concurrency slots
+    assert demo._queue.max_size == 3 and demo._queue.default_concurrency_limit == 5
+    handlers = by_name["generate"].fn.__self__
+    assert handlers.settings.turns.slots == 2
+    # a tab's finished streams are dropped from Gradio's own store, which passes the tab's request
+    assert handlers.streams is demo.pending_streams
+    assert gr.utils.get_type_hints(by_name["generate"].fn)["page"] == (gr.Request | None)
 
 
 def test_the_video_streams_and_each_tab_has_its_own_state(demo):
@@ -57,7 +63,7 @@ def test_the_video_streams_and_each_tab_has_its_own_state(demo):
 def test_serve_settings_check_the_upscale():
     """``vidgen serve --upscale`` is checked before the model loads (main prints it as one line)."""
     assert ServeSettings(upscale=4, resample="lanczos").upscale == 4
-    with pytest.raises(ValueError, match="whole number from 1 to 16"):
+    with pytest.raises(ValueError, match="--upscale must be at least 1"):
         ServeSettings(upscale=0)
     with pytest.raises(ValueError, match="'nearest' or 'lanczos'"):
         ServeSettings(upscale=2, resample="cubic")

@@ -175,3 +175,15 @@ def test_an_uploaded_start_becomes_the_requests_image_or_video(info, tmp_path):
     notes.write_text("hello")
     with pytest.raises(FormError, match="the uploaded file cannot be used: not a video file"):
         build_request(Form(prompt=PROMPT, start_file=str(notes)), info)
+
+
+def test_a_servers_limits_are_form_errors(tiny_sessions):
+    info = dataclasses.replace(tiny_sessions.info, max_side=128, max_steps=16, limited=True)
+    for fields, message in [
+        ({"height": 2048, "width": 2048}, "height must be at most 128 on this server"),
+        ({"steps": 17}, "steps must be at most 16 on this server"),
+    ]:
+        with pytest.raises(FormError, match=message):
+            build_request(Form(prompt=PROMPT, **fields), info)
+    request, _ = build_request(Form(prompt=PROMPT, height=128, width=128, steps=16), info)
+    assert (request.height, request.num_inference_steps) == (128, 16)

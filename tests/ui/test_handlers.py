@@ -174,3 +174,64 @@ def test_an_uploaded_clip_opens_the_video(handlers, tmp_path):
     *_, last = handlers.generate(**form(seconds=1, start_file=str(clip)))
     download = last[5]
     assert len(read_video(download)[0]) == 9 + 16  # the clip, then a second
+
+
+def test_a_tabs_finished_streams_are_dropped_when_it_starts_another(handlers):
+    """Gradio keeps every segment of a run in memory until the tab closes (never, for an API
+    client); a new video of the same tab drops the runs that have ended, and only those."""
+
+    class Stream:
+        def __init__(self, ended: bool) -> None:
+            self.ended = ended
+
+    handlers.streams = {
+        "tab": {"old": {1: Stream(True)}, "playing": {1: Stream(False)}},
+        "other": {"old": {1: Stream(True)}},
+    }
+    assert handlers.drop_finished_streams("tab") == 1
+    assert list(handlers.streams["tab"]) == ["playing"] and list(handlers.streams["other"]) == ["old"]
+    assert handlers.drop_finished_streams(None) == 0 and handlers.drop_finished_streams("gone") == 0
+
+
+def test_the_heap_is_trimmed_when_the_last_video_ends(handlers, monkeypatch):
+    import threading
+
+    import vidgen.ui.handlers as module
+
+    trims = []
+
+    def fake_trim() -> bool:
+        # the trim as the video ends runs in its thread; the one again later in a timer's
+        # (other handlers' timers may fire in this test too: they are not counted)
+        if threading.current_thread() is threading.main_thread():
+            trims.append(len(handlers._stops))
+        return True
+
+    monkeypatch.setattr(module, "trim_heap", fake_trim)
+    updates = list(handlers.generate(**form(seconds=1)))
+    assert updates[-1][6].startswith("**Done**") and trims == [0]  # once, with no stream left
+    with handlers._lock:
+        handlers._stops["another tab"] = None  # a video still playing: not yet
+    list(handlers.generate(**form(seconds=1)))
+    assert trims == [0]
+
+
+def test_trim_heap_hands_freed_memory_back_on_glibc():
+    import ctypes
+
+    import psutil
+
+    from vidgen.ui.handlers import trim_heap
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim  # noqa: B018
+    except (OSError, AttributeError):
+        pytest.skip("not glibc")
+    process = psutil.Process()
+    blocks = [bytes(4000) + bytes([k % 256]) for k in range(50_000)]  # ~200 MB of heap, not mmap
+    pinned = blocks[-1]  # the newest stays: the freed ones lie below it, where free() returns nothing
+    del blocks
+    held = process.memory_info().rss
+    assert trim_heap()
+    assert held - process.memory_info().rss > 100 * 2**20
+    assert pinned[-1] == 49_999 % 256

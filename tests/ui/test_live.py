@@ -13,7 +13,7 @@ from tests.video.conftest import FLAT_TOLERANCE, flat_colour_clip, max_error, pa
 from vidgen.pipelines import ChunkMetrics, InputError, VideoChunk
 from vidgen.pipelines.drift import DriftMeasures
 from vidgen.request import GenerationRequest
-from vidgen.ui.live import LiveRecorder, live_stream
+from vidgen.ui.live import LiveRecorder, Turns, live_stream
 from vidgen.video import probe_video, read_video
 
 FPS = 16
@@ -179,3 +179,97 @@ def test_stop_takes_no_chunk_a_remote_backend_made_ahead(tmp_path):
         stop.set()  # at the first segment, made of chunks 0-2
     assert updates[-1].stopped and updates[-1].stats.chunks == 3 and backend.made == 3
     assert len(read_video(updates[-1].video)[0]) == 21 and backend.open_sessions == set()
+
+
+def test_turns_are_exclusive_and_first_come_first_served():
+    turns = Turns(1)
+    order, inside, most = [], [0], [0]
+    lock = threading.Lock()
+
+    def take(name: str) -> None:
+        with turns.turn():
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            order.append(name)
+            with lock:
+                inside[0] -= 1
+
+    with turns.turn():  # held: the others queue in the order they come
+        threads = []
+        for name in "abc":
+            threads.append(threading.Thread(target=take, args=(name,)))
+            threads[-1].start()
+            while turns.waiting < len(threads):
+                threading.Event().wait(0.005)
+    for t in threads:
+        t.join(timeout=10)
+    assert order == ["a", "b", "c"] and most[0] == 1 and turns.waiting == 0
+
+
+def test_a_stream_takes_one_turn_per_chunk_and_queues_behind_the_others(tmp_path):
+    """Two streams on one slot take turns chunk by chunk: the one started second does not wait
+    for the first (which could run until stopped) to end."""
+
+    class Counted(Turns):
+        taken = 0
+
+        def turn(self):
+            Counted.taken += 1
+            return super().turn()
+
+    turns = Counted(1)
+    made: list[str] = []
+
+    class Recording(FakeBackend):
+        def chunks(self, session_id):
+            for chunk in super().chunks(session_id):
+                made.append(session_id)
+                threading.Event().wait(0.02)  # a chunk takes a while, inside its turn
+                yield chunk
+
+    long, short = Recording(flat_colour_clip(16 * 8)), Recording(flat_colour_clip(16 * 2))
+    runs = {
+        sid: threading.Thread(
+            target=lambda b=backend, sid=sid: list(
+                live_stream(b, sid, tmp_path / sid, FPS, max_lead=None, turns=turns)
+            )
+        )
+        for backend, sid in ((long, "a"), (short, "b"))
+    }
+    for sid, run in runs.items():
+        (tmp_path / sid).mkdir()
+        run.start()
+        while not made:  # the second starts once the first is making chunks
+            threading.Event().wait(0.005)
+    for run in runs.values():
+        run.join(timeout=30)
+    assert made.count("a") == long.made == 17 and made.count("b") == short.made == 5
+    assert made.index("b") <= 2, made  # within a chunk or two of asking
+    last_b = len(made) - 1 - made[::-1].index("b")
+    assert made[last_b + 1 :].count("a") >= 17 - 5 - 4, made  # the short one ended long before
+    assert turns.taken == 17 + 5 + 2  # one turn per chunk, and one for each stream's last pull
+
+
+def test_the_time_limit_ends_a_stream_as_stop_does(tmp_path):
+    fake = FakeTime()
+    backend = FakeBackend(flat_colour_clip(16 * 8))
+
+    class Ticking(FakeTime):
+        def __call__(self) -> float:
+            self.now += 0.25  # every look at the clock: a quarter second later
+            return self.now
+
+    clock = Ticking()
+    updates = list(
+        live_stream(backend, "s", tmp_path, FPS, max_lead=None, stop_event=fake, clock=clock, time_limit=1.0)
+    )
+    last = updates[-1]
+    assert last.done and last.stopped and last.time_up
+    assert 0 < last.stats.chunks < 7 and "s" in backend.stopped
+    assert len(read_video(last.video)[0]) == last.stats.frames
+    from vidgen.ui.handlers import describe
+
+    assert describe(last.stats, last).startswith("**Stopped at the server's time limit**")
+    untimed = list(live_stream(FakeBackend(flat_colour_clip(16 * 8)), "s", tmp_path, FPS, max_lead=None))
+    assert not untimed[-1].time_up and untimed[-1].stats.chunks == 17

@@ -91,20 +91,93 @@ def test_bad_input_is_reported_and_the_server_keeps_serving(server):
 
 
 def test_full_queue_busy_then_change_prompt_and_stop(server):
-    a, b, c = client(server), client(server), client(server)
+    a, b, c, d = client(server), client(server), client(server), client(server)
     playing = a.submit(prompt=PROMPT, until_stopped=True, seed=1, api_name="/generate")
     wait_for(lambda: len(playing.outputs()) >= 2, what="the first segment")
-    waiting = b.submit(prompt=PROMPT, seconds=1, api_name="/generate")  # concurrency 1: it waits
-    wait_for(lambda: waiting.status().code.name == "IN_QUEUE", what="the second request to queue")
+    also = b.submit(prompt=PROMPT, until_stopped=True, seed=2, api_name="/generate")  # streams 2
+    wait_for(lambda: len(also.outputs()) >= 2, what="the second stream's first segment")
+    waiting = c.submit(prompt=PROMPT, seconds=1, api_name="/generate")  # the streams are taken: it waits
+    wait_for(lambda: waiting.status().code.name == "IN_QUEUE", what="the third request to queue")
     with pytest.raises(Exception, match="(?i)queue is full"):
-        c.predict(prompt=PROMPT, seconds=1, api_name="/generate")  # queue size 1: busy
+        d.predict(prompt=PROMPT, seconds=1, api_name="/generate")  # queue size 1: busy
 
     assert NEW_PROMPT in run_outside_queue(server, "change_prompt", a, NEW_PROMPT)
     wait_for(lambda: NEW_PROMPT in (playing.outputs()[-1][6] or ""), what="the new prompt to show")
     assert run_outside_queue(server, "stop", a).startswith("Stopping")
     result = playing.result(timeout=30)
     assert result[6].startswith("**Stopped**") and result[5]["url"].endswith("background.mp4")
-    assert waiting.result(timeout=30)[6].startswith("**Done**: 1.0 s")
+    assert waiting.result(timeout=60)[6].startswith("**Done**: 1.0 s")
+    assert run_outside_queue(server, "stop", b).startswith("Stopping")
+    assert also.result(timeout=30)[6].startswith("**Stopped**")
+
+
+def test_a_video_until_stopped_does_not_starve_the_next(server):
+    """One chunk slot: a video that runs until stopped and one asked for after it take turns, so
+    the second starts streaming at once and ends while the first goes on."""
+    a, b = client(server), client(server)
+    endless = a.submit(prompt=PROMPT, until_stopped=True, seed=1, api_name="/generate")
+    wait_for(lambda: len(endless.outputs()) >= 3, what="the first video to stream")
+    asked = time.monotonic()
+    short = b.submit(prompt=NEW_PROMPT, seconds=2, seed=2, api_name="/generate")
+    wait_for(
+        lambda: any(isinstance(o[0], dict) and o[0].get("url") for o in short.outputs()),
+        timeout=30,
+        what="the second video's first segment",
+    )
+    first_frames = time.monotonic() - asked
+    assert short.result(timeout=60)[6].startswith("**Done**: 2.0 s")
+    # the first went on streaming: not ended to make room, and still making segments
+    done_at = len(endless.outputs())
+    assert not endless.done()
+    wait_for(lambda: len(endless.outputs()) > done_at, timeout=30, what="the first video to go on")
+    assert run_outside_queue(server, "stop", a).startswith("Stopping")
+    assert endless.result(timeout=30)[6].startswith("**Stopped**")
+    print(f"second client's first segment after {first_frames:.1f} s")
+
+
+def test_uploads_beyond_the_limit_are_refused_with_a_message(server):
+    upload = f"{server.url}gradio_api/upload"
+
+    def post(*sizes: int) -> httpx.Response:
+        files = [("files", (f"f{k}.png", b"\0" * size)) for k, size in enumerate(sizes)]
+        return httpx.post(upload, files=files, timeout=30)
+
+    small = post(500_000)
+    assert small.status_code == 200 and len(small.json()) == 1
+    # one file over 1 MB: refused before it is read
+    big = post(1_500_000)
+    assert big.status_code == 413 and "accepts files of up to 1 MB" in big.json()["detail"]
+    # just over 1 MB: the request is small enough, the file is not (Gradio's own check)
+    over = post(1_000_001)
+    assert over.status_code == 413 and "maximum allowed size of 1000000 bytes" in over.text
+    # many files under the limit, together over it
+    assert post(600_000, 600_000).status_code == 413
+    # the same limit for any request body, a JSON one too
+    join = httpx.post(f"{server.url}gradio_api/queue/join", content=b"x" * 1_200_000, timeout=30)
+    assert join.status_code == 413
+    # gradio_client reads the limit from the page's config and refuses before sending
+    big_file = server.tmp / "big.png"
+    big_file.write_bytes(b"\0" * 1_500_000)
+    with pytest.raises(Exception, match="exceeds the maximum file size of 1000000 bytes"):
+        client(server).predict(
+            prompt=PROMPT,
+            seconds=1,
+            start_file=gradio_client.handle_file(str(big_file)),
+            api_name="/generate",
+        )
+
+
+def test_a_request_beyond_the_servers_limits_is_refused(server):
+    """The page's fields carry the server's limits (twice the tiny model's 64x64 and 4 steps), and
+    Gradio checks them before the handler runs; the form and ``SessionManager.open`` check again."""
+    c = client(server)
+    with pytest.raises(gradio_client.exceptions.AppError, match="2048 is greater than maximum value 128"):
+        c.predict(prompt=PROMPT, height=2048, width=2048, api_name="/generate")
+    with pytest.raises(gradio_client.exceptions.AppError, match="17 is greater than maximum value 16"):
+        c.predict(prompt=PROMPT, steps=17, api_name="/generate")
+    assert c.predict(prompt=PROMPT, seconds=1, height=128, steps=16, api_name="/generate")[6].startswith(
+        "**Done**"
+    )
 
 
 def test_a_cancelled_client_frees_its_run(server):

@@ -32,12 +32,24 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help="how --sp splits attention: ulysses (the heads must divide by sp), ring (any head count) "
         "or auto (default: ulysses when the heads divide, else ring)",
     )
-    p.add_argument("--concurrency", type=int, default=1, help="videos generated at the same time (default 1)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="chunks generated at the same time; the videos streaming take turns for them chunk by chunk "
+        "(default 1; with --backend ray, one per replica)",
+    )
+    p.add_argument(
+        "--streams",
+        type=int,
+        default=4,
+        help="videos streamed at the same time, each with its own cache; more wait in the queue (default 4)",
+    )
     p.add_argument(
         "--queue-size",
         type=int,
         default=8,
-        help="requests that may wait for a free slot; beyond that the page says it is busy (default 8)",
+        help="requests that may wait for a stream; beyond that the page says it is busy (default 8)",
     )
     p.add_argument(
         "--file-ttl",
@@ -72,6 +84,32 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         default="nearest",
         help="how --upscale enlarges (default nearest: sharp pixels)",
     )
+    p.add_argument(
+        "--max-upload-mb",
+        type=float,
+        default=32.0,
+        metavar="MB",
+        help="largest start image or clip accepted; a larger upload is refused (default 32)",
+    )
+    p.add_argument(
+        "--max-side",
+        type=int,
+        metavar="PIXELS",
+        help="largest height or width a request may ask for (default: twice the model's default size)",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        metavar="N",
+        help="most sampler steps a request may ask for (default: twice the model's default, at least 16)",
+    )
+    p.add_argument(
+        "--max-session-seconds",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wall-clock time one video may stream before it is ended (default 0: no limit)",
+    )
     p.set_defaults(run=run)
 
 
@@ -89,17 +127,27 @@ def check_parallel(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_parallel(args)
-    from vidgen.ui.app import ServeSettings, run_server
+    from vidgen.ui.settings import ServeSettings, check_address  # light: no torch, no Gradio
 
+    # every option is checked before the model loads: a mistake is one line, exit status 2
     settings = ServeSettings(
         concurrency=args.concurrency,
+        streams=args.streams,
         queue_size=args.queue_size,
         file_ttl=args.file_ttl,
         segment_seconds=args.segment_seconds,
         max_lead=args.max_lead,
         upscale=args.upscale,
         resample=args.resample,
+        max_upload_mb=args.max_upload_mb,
+        max_side=args.max_side,
+        max_steps=args.max_steps,
+        max_session_seconds=args.max_session_seconds,
     )
+    check_address(args.host, args.port)
+
+    from vidgen.ui.app import run_server
+
     return run_server(
         settings,
         backend=args.backend,
