@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +13,7 @@ import httpx
 import pytest
 
 from tests.tiny import save_tiny_pipeline, tiny_components
+from tests.ui.load import free_port, server_env
 from vidgen.pipelines.session import SessionManager
 
 SERVER_START_TIMEOUT = 120.0
@@ -28,12 +27,6 @@ def tiny_sessions() -> SessionManager:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return save_tiny_pipeline(tmp_path_factory.mktemp("tiny") / "pipeline")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -59,15 +52,7 @@ def server(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("server")
     log = tmp / "serve.log"
     port = free_port()
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "TMPDIR": str(tmp),
-        "GRADIO_ANALYTICS_ENABLED": "False",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "NO_PROXY": "127.0.0.1,localhost",
-    }
+    env = server_env(tmp)
     command = [sys.executable, "-m", "vidgen", "serve", "--model", str(tiny_model_dir), "--port", str(port)]
     command += ["--host", "127.0.0.1", "--concurrency", "1", "--streams", "2", "--queue-size", "1"]
     command += ["--max-upload-mb", "1"]

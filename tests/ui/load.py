@@ -72,16 +72,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args: list[str], tmp: Path, timeout: float = 180.0) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {
+def server_env(tmp: Path) -> dict[str, str]:
+    """The environment of a test server: one thread, scratch files in ``tmp``, offline, loopback."""
+    return {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "TMPDIR": str(tmp),
         "GRADIO_ANALYTICS_ENABLED": "False",
         "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
         "NO_PROXY": "127.0.0.1,localhost",
     }
+
+
+def start_server(args: list[str], tmp: Path, timeout: float = 180.0) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = server_env(tmp)
     command = [sys.executable, "-m", "vidgen", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
     log = open(tmp / "serve.log", "wb")  # noqa: SIM115 - the server writes it while it runs
     process = subprocess.Popen(command, env=env, cwd=tmp, stdout=log, stderr=subprocess.STDOUT)

@@ -29,6 +29,16 @@ from vidgen.validation import (
 )
 
 
+def add_sp_kind_argument(p: argparse.ArgumentParser) -> None:
+    """``--sp-kind``, as ``vidgen render`` and ``vidgen serve`` take it."""
+    p.add_argument(
+        "--sp-kind",
+        choices=["auto", "ulysses", "ring"],
+        help="how --sp splits attention: ulysses (the heads must divide by sp), ring (any head count) "
+        "or auto (default: ulysses when the heads divide, else ring)",
+    )
+
+
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(name, help="render a video from a prompt or a storyboard")
     p.add_argument("text", nargs="?", metavar="PROMPT", help="what the video shows (same as --prompt)")
@@ -94,12 +104,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--parallel", choices=["none", "ray"], default="none", help="run on Ray (see the README)")
     p.add_argument("--sp", type=int, default=1, help="sequence-parallel degree with --parallel ray")
-    p.add_argument(
-        "--sp-kind",
-        choices=["auto", "ulysses", "ring"],
-        help="how --sp splits attention: ulysses (the heads must divide by sp), ring (any head count) "
-        "or auto (default: ulysses when the heads divide, else ring)",
-    )
+    add_sp_kind_argument(p)
     p.add_argument(
         "--replicas", type=int, default=1, help="pipeline replicas rendering --jobs in parallel (Ray)"
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from vidgen.cli.render import add_sp_kind_argument
 from vidgen.validation import InputError  # light: no torch
 
 
@@ -26,12 +27,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         metavar="N",
         help="with --backend ray: processes per replica sharing each video's tokens (sequence parallelism)",
     )
-    p.add_argument(
-        "--sp-kind",
-        choices=["auto", "ulysses", "ring"],
-        help="how --sp splits attention: ulysses (the heads must divide by sp), ring (any head count) "
-        "or auto (default: ulysses when the heads divide, else ring)",
-    )
+    add_sp_kind_argument(p)
     p.add_argument(
         "--concurrency",
         type=int,
