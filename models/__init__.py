@@ -2,6 +2,6 @@
 
 from vidgen.models.kv_cache import KVCache
 from vidgen.models.rope import RopePositionMode
-from vidgen.models.transformer import CausalWanTransformer, TextContext
+from vidgen.models.transformer import CausalWanTransformer, TextContext, drop_cast_weights
 
-__all__ = ["CausalWanTransformer", "KVCache", "RopePositionMode", "TextContext"]
+__all__ = ["CausalWanTransformer", "KVCache", "RopePositionMode", "TextContext", "drop_cast_weights"]

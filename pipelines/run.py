@@ -27,7 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from vidgen.config import GenerationConfig, VidgenConfig
-from vidgen.models import KVCache
+from vidgen.models import KVCache, drop_cast_weights
 from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning, write_held
 from vidgen.pipelines.drift import DriftMeasures, DriftMonitor, StatsAnchor
 from vidgen.pipelines.plan import ChunkPlanner, DriftAction, GenerationMode, PlannedChunk
@@ -138,6 +138,9 @@ class VideoRun:
         # asked for every chunk: the model's answer walks its modules (diffusers), and no
         # device changes during a video
         self.device: torch.device = pipe.device
+        # the linear layers' kept autocast weights are remade per video: weights changed in place
+        # between videos (a LoRA fused through ``.data``) bump no version that would show it
+        drop_cast_weights(pipe.transformer)
         self.config = config
         self.planner = planner
         self.seed = seed

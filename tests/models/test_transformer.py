@@ -1,5 +1,6 @@
 """CausalWanTransformer against diffusers' WanTransformer3DModel, and chunked == whole-sequence."""
 
+import numpy as np
 import pytest
 import torch
 from diffusers import WanTransformer3DModel
@@ -277,3 +278,96 @@ def test_a_zero_position_table_changes_nothing_and_a_learned_one_is_per_grid_cel
     loaded = CausalWanTransformer.from_pretrained(tmp_path)
     assert loaded.config.spatial_pos_grid == [3, 4] or tuple(loaded.config.spatial_pos_grid) == (3, 4)
     torch.testing.assert_close(loaded.spatial_pos, table)
+
+
+# ----------------------------------------------------------------------------- kept autocast weights
+
+
+def _linear_pair():
+    from vidgen.models.transformer import Linear
+
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(24, 40)
+    kept = Linear(24, 40)
+    kept.load_state_dict(plain.state_dict())
+    return plain.requires_grad_(False), kept.requires_grad_(False)
+
+
+def test_kept_cast_linear_is_bitwise_autocast_and_follows_weight_changes():
+    plain, kept = _linear_pair()
+    x = torch.randn(3, 5, 24)
+
+    def both():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return plain(x), kept(x)
+
+    expected, got = both()
+    assert got.dtype == torch.bfloat16 and torch.equal(got, expected)
+    assert kept._cast is not None and kept._cast[1].dtype == torch.bfloat16  # kept for the next call
+    cast_weight = kept._cast[1]
+    expected, got = both()
+    assert kept._cast[1] is cast_weight and torch.equal(got, expected)  # reused, not remade
+    # an in-place update bumps the weight's version: the kept cast is remade
+    with torch.no_grad():
+        plain.weight.mul_(-2.0)
+        kept.weight.mul_(-2.0)
+        plain.bias.add_(1.0)
+        kept.bias.add_(1.0)
+    expected, got = both()
+    assert torch.equal(got, expected)
+    # another tensor in the parameter (a load with assign=True, a device move)
+    new = torch.randn(40, 24)
+    plain.weight.data = new.clone()
+    kept.weight.data = new.clone()
+    expected, got = both()
+    assert torch.equal(got, expected)
+
+
+def test_drop_cast_weights_catches_updates_through_data():
+    from vidgen.models import drop_cast_weights
+
+    plain, kept = _linear_pair()
+    model = torch.nn.Sequential(torch.nn.Identity(), kept)
+    x = torch.randn(4, 24)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)
+        plain.weight.data += 1.0  # as peft fuses a LoRA: no version bump, the same storage
+        kept.weight.data += 1.0
+        stale = model(x)
+        drop_cast_weights(model)
+        fresh = model(x)
+        expected = plain(x)
+    assert not torch.equal(stale, expected)  # why the pipeline drops them per video
+    assert torch.equal(fresh, expected)
+
+
+def test_kept_cast_linear_outside_autocast_and_in_training_is_plain_linear():
+    plain, kept = _linear_pair()
+    x = torch.randn(2, 24)
+    with torch.no_grad():
+        assert torch.equal(kept(x), plain(x)) and kept(x).dtype == torch.float32
+    assert kept._cast is None
+    kept.requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        kept(x).float().sum().backward()
+    assert kept.weight.grad is not None and kept.weight.grad.abs().sum() > 0
+    assert kept._cast is None  # gradients go to the float32 weight itself
+
+
+def test_pipeline_remakes_kept_casts_for_each_video():
+    """A weight changed through ``.data`` between two videos (as a fused LoRA is) shows in the
+    second video: it equals a fresh pipeline's with the same change (bf16 autocast, where the
+    casts are kept)."""
+    from tests.tiny import tiny_components
+
+    bf16 = {"runtime.autocast": "bfloat16"}
+    pipe, fresh = tiny_components(**bf16), tiny_components(**bf16)
+    prompt = "a red circle moving right on a black background"
+    first = np.concatenate([c.frames for c in pipe.stream(prompt, seconds=1, generator=0)])
+    for model in (pipe.transformer, fresh.transformer):
+        for block in model.blocks:
+            block.ffn.net[2].weight.data *= 3.0
+    got = np.concatenate([c.frames for c in pipe.stream(prompt, seconds=1, generator=0)])
+    expected = np.concatenate([c.frames for c in fresh.stream(prompt, seconds=1, generator=0)])
+    assert not np.array_equal(first, expected)
+    assert np.array_equal(got, expected)

@@ -98,3 +98,32 @@ def test_export_to_video_takes_every_output_type(tmp_path):
     assert probe_video(export_to_video(floats, tmp_path / "x2.mp4", upscale=2))["width"] == 128
     with pytest.raises(ValueError, match="latents"):
         export_to_video(torch.zeros(1, 4, 2, 8, 8), tmp_path / "latents.mp4")
+
+
+@pytest.mark.parametrize("scale", [{}, {"width": 96, "height": 64, "interpolation": "LANCZOS"}])
+def test_kept_converter_equals_a_fresh_conversion_per_frame(scale):
+    """The thread's kept swscale converter gives what ``VideoFrame.reformat`` gives, frame by
+    frame, through changes of size; each thread has its own."""
+    import threading
+
+    import av
+    from av.video.reformatter import ColorRange, Colorspace, Interpolation
+
+    from vidgen.video.encoding import reformatter
+
+    if scale:
+        scale = {**scale, "interpolation": Interpolation.LANCZOS}
+    rng = np.random.default_rng(0)
+    settings = dict(
+        format="yuv420p", dst_colorspace=Colorspace.ITU709, dst_color_range=ColorRange.MPEG, **scale
+    )
+    for shape in [(32, 48, 3), (32, 48, 3), (16, 16, 3), (32, 48, 3)]:
+        frame = av.VideoFrame.from_ndarray(rng.integers(0, 256, shape, dtype=np.uint8), format="rgb24")
+        got = reformatter().reformat(frame, **settings)
+        expected = frame.reformat(**settings)
+        assert np.array_equal(got.to_ndarray(), expected.to_ndarray())  # Y, U and V, no row padding
+    other = []
+    thread = threading.Thread(target=lambda: other.append(reformatter()))
+    thread.start()
+    thread.join()
+    assert reformatter() is reformatter() and other[0] is not reformatter()
