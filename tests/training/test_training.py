@@ -272,3 +272,94 @@ def test_a_run_resumed_with_a_position_table_starts_it_at_zero_and_learns_it(aut
     save_file(before, str(saved / "latest" / "model.safetensors"))
     with pytest.raises(RuntimeError, match="proj_out.weight"):
         load_training_state(saved, model=model, ema=None, optimizer=None)
+
+
+def test_guidance_distillation_target_is_the_flow_target_plus_the_teachers_guidance():
+    """The loss regresses ``noise - latents + (s - 1) (teacher(caption) - teacher(no caption))``,
+    and the term is zero for a sample whose caption was dropped."""
+    from vidgen.attention import AttentionPattern
+    from vidgen.models import CausalWanTransformer
+    from vidgen.pipelines.scheduler import shift_sigma, timestep_of
+    from vidgen.training.transformer import GuidanceTeacher, diffusion_forcing_loss
+
+    torch.manual_seed(0)
+    arch = {**TINY_DIT["model"]}
+    student, teacher = CausalWanTransformer(**arch).eval(), CausalWanTransformer(**arch).eval()
+    config = TransformerTrainConfig(**{k: v for k, v in TINY_DIT.items() if k != "model"}, model=arch)
+    latents = torch.randn(3, 4, 8, 4, 4)
+    text = torch.randn(3, 6, arch["text_dim"])
+    uncond = torch.randn(1, 6, arch["text_dim"])
+    text[2] = uncond[0]  # a dropped caption
+    loss_chunks = torch.ones(3, 4, dtype=torch.bool)
+    guidance = GuidanceTeacher(teacher, 2.5, uncond)
+
+    with torch.no_grad():
+        got = diffusion_forcing_loss(
+            student, latents, text, loss_chunks, config, torch.Generator().manual_seed(3), None, guidance
+        )
+        plain = diffusion_forcing_loss(
+            student, latents, text, loss_chunks, config, torch.Generator().manual_seed(3)
+        )
+        # the same draws by hand (clean_context_prob etc. as diffusion_forcing_loss makes them)
+        g = torch.Generator().manual_seed(3)
+        u = torch.rand(3, 4, generator=g)
+        sigma = shift_sigma(u, config.sigma_shift)
+        clean = torch.rand(3, generator=g) < config.clean_context_prob
+        small = torch.rand(3, 4, generator=g) * config.context_sigma_max
+        mask = torch.zeros(3, 4, dtype=torch.bool)
+        mask[clean, :-1] = True
+        sigma = torch.where(mask, small, sigma).repeat_interleave(2, dim=1)
+        noise = torch.randn(latents.shape, generator=g)
+        noisy = (1 - sigma[:, None, :, None, None]) * latents + sigma[:, None, :, None, None] * noise
+        pattern = AttentionPattern.block_causal(4, 2)
+        t = timestep_of(sigma)
+        cond = teacher(noisy, t, text, attention_pattern=pattern, return_dict=False)[0]
+        free = teacher(noisy, t, uncond.expand(3, -1, -1), attention_pattern=pattern, return_dict=False)[0]
+        term = guidance.term(noisy, t, text, pattern)
+        target = noise - latents + 1.5 * (cond - free)
+        pred = student(noisy, t, text, attention_pattern=pattern, return_dict=False)[0]
+        expected = (pred - target).square().mean()
+    torch.testing.assert_close(term, 1.5 * (cond - free), rtol=1e-4, atol=1e-5)
+    assert term[2].abs().max() == 0 and term[:2].abs().max() > 1e-3
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert abs(float(got) - float(plain)) > 1e-4
+
+
+def test_guidance_distillation_trains_and_needs_a_teacher(autoencoder, tmp_path):
+    import subprocess
+    import sys
+
+    _, final = autoencoder
+    config = dict(autoencoder=str(final), lr=2e-3, warmup=5, save_every=10, **TINY_DIT)
+    teacher = tmp_path / "teacher"
+    train_transformer(TransformerTrainConfig(run_dir=str(teacher), steps=5, **config))
+    with pytest.raises(ValueError, match="guidance-teacher"):
+        train_transformer(
+            TransformerTrainConfig(run_dir=str(tmp_path / "x"), steps=5, guidance_scale=2.0, **config)
+        )
+    run = tmp_path / "student"
+    train_transformer(
+        TransformerTrainConfig(
+            run_dir=str(run), steps=10, guidance_scale=2.0, guidance_teacher=str(teacher), **config
+        )
+    )
+    losses = _losses(run)
+    assert len(losses) == 2 and all(np.isfinite(losses))
+    state = json.loads((run / "latest" / "state.json").read_text())
+    assert state["config"]["guidance_scale"] == 2.0 and state["config"]["guidance_teacher"] == str(teacher)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vidgen",
+            "train",
+            "transformer",
+            "--run-dir",
+            str(tmp_path / "y"),
+            "--guidance-scale",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert cli.returncode == 2 and "--guidance-teacher" in cli.stderr and "Traceback" not in cli.stderr

@@ -112,8 +112,13 @@ def _run_transformer(args: argparse.Namespace) -> int:
     from vidgen.training.configs import TransformerTrainConfig
     from vidgen.training.transformer import train_transformer
 
+    config = _config_from_args(TransformerTrainConfig, args)
+    if config.guidance_scale != 1.0 and not config.guidance_teacher:
+        raise InputError(
+            "--guidance-scale needs --guidance-teacher: the frozen model whose guidance is distilled"
+        )
     try:
-        train_transformer(_config_from_args(TransformerTrainConfig, args))
+        train_transformer(config)
     except FileNotFoundError as err:
         raise InputError(str(err)) from None
     return 0

@@ -20,6 +20,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from vidgen.models import CausalWanTransformer
+
 
 class EMA:
     """Exponential moving average of a model's parameters (kept on the same device, fp32)."""
@@ -139,15 +141,28 @@ did without it): the transformer's position table (``--spatial-pos true``)."""
 
 def _load_weights(model: nn.Module, path: Path) -> list[str]:
     """Load ``path`` into ``model``; returns the addable parameters the file does not have."""
-    missing, unexpected = model.load_state_dict(_as_float(load_file(str(path))), strict=False)
+    missing, unexpected = model.load_state_dict(as_float(load_file(str(path))), strict=False)
     wrong = [k for k in missing if k not in ADDABLE_PARAMETERS]
     if wrong or unexpected:
         raise RuntimeError(f"{path} does not fit the model: missing {wrong[:5]}, unexpected {unexpected[:5]}")
     return sorted(missing)
 
 
-def _as_float(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def as_float(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
+
+
+def load_transformer(path: str | os.PathLike) -> CausalWanTransformer:
+    """A causal transformer's float32 weights from a pipeline or distillation run folder
+    (``transformer/``), a transformer training run (``latest/``, its EMA) or a transformer folder."""
+    path = Path(path).expanduser()
+    if (path / "transformer" / "config.json").is_file():
+        return CausalWanTransformer.from_pretrained(path / "transformer").float()
+    if (path / "latest" / "ema.safetensors").is_file():
+        model = CausalWanTransformer.from_config(CausalWanTransformer.load_config(path / "latest"))
+        model.load_state_dict(as_float(load_file(str(path / "latest" / "ema.safetensors"))))
+        return model
+    return CausalWanTransformer.from_pretrained(path).float()
 
 
 def export_compact_checkpoint(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:

@@ -83,6 +83,17 @@ class TransformerTrainConfig:
     the same trajectory (the clip is redrawn with another shape and encoded too; 0: off). Shape
     is a few values of one or two tokens; this makes those values, not the whole object, count."""
     caption_dropout: float = 0.1
+    guidance_scale: float = 1.0
+    """Distil classifier-free guidance into the model (1: off). A captioned sample's regression
+    target becomes its flow target plus ``guidance_scale - 1`` times the difference between the
+    ``guidance_teacher``'s predictions with and without the caption: in expectation the teacher's
+    guided velocity, with the clips' conditional velocity in place of the teacher's, so the model
+    keeps learning from the data while it learns to draw at guidance 1 what guidance
+    ``guidance_scale`` draws (one model pass a sampler step instead of two)."""
+    guidance_teacher: str = ""
+    """The frozen model whose guidance is distilled: a pipeline or transformer folder, or a training
+    run (its EMA). Needed when ``guidance_scale`` is not 1. Keep it the same across a run's stretches:
+    a model that has learned the guidance would, as a teacher, add it again."""
     overfit_clips: int = 0
     """A diagnostic: draw every sample from this many fixed samples (0: a fresh one every time).
     With the transition, late, gap and dropout probabilities at 0, a sound loop memorises them

@@ -41,6 +41,7 @@ from vidgen.config import VidgenConfig
 from vidgen.models import CausalWanTransformer
 from vidgen.pipelines import loading
 from vidgen.pipelines.scheduler import FlowSchedule
+from vidgen.training.checkpoint import as_float, load_transformer
 from vidgen.training.configs import DistillTrainConfig
 from vidgen.training.loop import TrainingRun
 from vidgen.training.rollout import (
@@ -95,7 +96,7 @@ def load_teacher(path: str | Path, base: str | Path = "") -> Teacher:
             }
         )
         transformer = CausalWanTransformer.from_config(CausalWanTransformer.load_config(path / "latest"))
-        transformer.load_state_dict(_float(load_file(str(path / "latest" / "ema.safetensors"))))
+        transformer.load_state_dict(as_float(load_file(str(path / "latest" / "ema.safetensors"))))
     else:
         raise FileNotFoundError(
             f"{path}: the teacher must be a pipeline folder (model_index.json) or a training run (latest/)"
@@ -110,23 +111,6 @@ def load_teacher(path: str | Path, base: str | Path = "") -> Teacher:
         folder=folder,
         latent_hw=(g.height // spatial, g.width // spatial),
     )
-
-
-def load_student(path: str | Path) -> CausalWanTransformer:
-    """Weights to start the student from: a distillation run or pipeline folder (``transformer/``),
-    a transformer training run (``latest/``, its EMA) or a transformer folder."""
-    path = Path(path).expanduser()
-    if (path / "transformer" / "config.json").is_file():
-        return CausalWanTransformer.from_pretrained(path / "transformer").float()
-    if (path / "latest" / "ema.safetensors").is_file():
-        model = CausalWanTransformer.from_config(CausalWanTransformer.load_config(path / "latest"))
-        model.load_state_dict(_float(load_file(str(path / "latest" / "ema.safetensors"))))
-        return model
-    return CausalWanTransformer.from_pretrained(path).float()
-
-
-def _float(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
 
 
 class PromptSource:
@@ -189,7 +173,7 @@ class Distiller:
             )
         self.latent_hw = self.teacher.latent_hw
         self.real = self.teacher.transformer.to(self.device)
-        student = load_student(config.init_from) if config.init_from else copy.deepcopy(self.real)
+        student = load_transformer(config.init_from) if config.init_from else copy.deepcopy(self.real)
         student.requires_grad_(True).train()
         fake = None
         if config.stage == "self-forcing":

@@ -32,6 +32,7 @@ from vidgen.models.autoencoder import AutoencoderKLLite
 from vidgen.models.text_encoders import MiniLMTextEncoder
 from vidgen.pipelines.scheduler import shift_sigma, timestep_of
 from vidgen.shapes import captions, world
+from vidgen.training.checkpoint import load_transformer
 from vidgen.training.configs import TransformerTrainConfig
 from vidgen.training.data import clip_to_tensor
 from vidgen.training.loop import TrainingRun
@@ -179,6 +180,33 @@ def text_pair_batched(encoder: MiniLMTextEncoder, texts: list[str], previous: li
     )
 
 
+class GuidanceTeacher:
+    """The guidance term of guidance distillation (``TransformerTrainConfig.guidance_scale``):
+    ``(scale - 1) * (teacher(x, caption) - teacher(x, no caption))``, the frozen teacher run once on
+    both texts (the pipeline's unconditional text, the pair ``"" ‖ ""``). Zero for a sample whose
+    caption was dropped, whose text is that pair: the unconditional prediction stays unguided."""
+
+    def __init__(self, teacher: CausalWanTransformer, scale: float, uncond_text: torch.Tensor) -> None:
+        self.teacher = teacher.eval().requires_grad_(False)
+        self.scale = scale
+        self.uncond_text = uncond_text  # (1, L, D)
+
+    @torch.no_grad()
+    def term(
+        self, noisy: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, pattern: AttentionPattern
+    ) -> torch.Tensor:
+        uncond = self.uncond_text.to(text.dtype).expand(text.shape[0], -1, -1)
+        both = self.teacher(
+            torch.cat([noisy, noisy]),
+            torch.cat([timestep, timestep]),
+            torch.cat([text, uncond]),
+            attention_pattern=pattern,
+            return_dict=False,
+        )[0].float()
+        cond, free = both.chunk(2)
+        return (self.scale - 1.0) * (cond - free)
+
+
 def diffusion_forcing_loss(
     model: CausalWanTransformer | Callable,
     latents: torch.Tensor,
@@ -187,10 +215,11 @@ def diffusion_forcing_loss(
     config: TransformerTrainConfig,
     generator: torch.Generator,
     object_weight: torch.Tensor | None = None,
+    guidance: GuidanceTeacher | None = None,
 ) -> torch.Tensor:
     """Flow-matching loss with an independent noise level per chunk, block-causal attention;
     ``object_weight`` (B, F, h, w) weights the latent cells of the object, or (B, C, F, h, w) each
-    latent value."""
+    latent value; ``guidance`` adds its guidance term to the target (guidance distillation)."""
     batch, _, frames, height, width = latents.shape
     c = config.chunk_frames
     num_chunks = frames // c
@@ -209,8 +238,12 @@ def diffusion_forcing_loss(
     noisy = (1 - s) * latents + s * noise
     c_p = config.model["patch_size"]
     pattern = AttentionPattern.block_causal((height // c_p[1]) * (width // c_p[2]), c)
-    pred = model(noisy, timestep_of(sigma_frames), text, attention_pattern=pattern, return_dict=False)[0]
-    err = (pred.float() - (noise - latents)).square()  # (B, C, F, h, w)
+    timestep = timestep_of(sigma_frames)
+    target = noise - latents
+    if guidance is not None:
+        target = target + guidance.term(noisy, timestep, text, pattern)
+    pred = model(noisy, timestep, text, attention_pattern=pattern, return_dict=False)[0]
+    err = (pred.float() - target).square()  # (B, C, F, h, w)
     if object_weight is not None:
         err = err * (object_weight[:, None] if object_weight.ndim == 4 else object_weight)
     err = err.mean(dim=(1, 3, 4))  # (B, F)
@@ -247,6 +280,10 @@ def latent_object_weight(masks: torch.Tensor, temporal: int, spatial: int, stren
 
 
 def train_transformer(config: TransformerTrainConfig) -> Path:
+    if config.guidance_scale != 1.0 and not config.guidance_teacher:
+        raise ValueError(
+            "--guidance-scale needs --guidance-teacher: the frozen model whose guidance is distilled"
+        )
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
@@ -264,6 +301,13 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99)
     )
     run = TrainingRun(config, model, optimizer, lr_floor=0.1)
+    guidance = None
+    if config.guidance_scale != 1.0:
+        guidance = GuidanceTeacher(
+            load_transformer(config.guidance_teacher),
+            config.guidance_scale,
+            text_pair_batched(text_encoder, [""], [""]),
+        )
     # inductor fuses the many small elementwise ops around the matmuls (~1.7x per CPU step here)
     forward = torch.compile(model) if config.compile else model
     step_seconds = 0.0  # the previous step, logged with the share spent making its data
@@ -305,7 +349,7 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         model.train()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
             loss = diffusion_forcing_loss(
-                forward, latents, text, loss_chunks, config, generator, object_weight
+                forward, latents, text, loss_chunks, config, generator, object_weight, guidance
             )
         if not run.update(loss, data_s=round(data_seconds, 3), step_s=round(step_seconds, 3)):
             break
