@@ -363,3 +363,23 @@ def test_guidance_distillation_trains_and_needs_a_teacher(autoencoder, tmp_path)
         text=True,
     )
     assert cli.returncode == 2 and "--guidance-teacher" in cli.stderr and "Traceback" not in cli.stderr
+
+
+@pytest.mark.slow
+def test_a_compiled_guidance_teacher_gives_the_eager_term():
+    from vidgen.attention import AttentionPattern
+    from vidgen.models import CausalWanTransformer
+    from vidgen.training.transformer import GuidanceTeacher
+
+    torch.manual_seed(0)
+    teacher = CausalWanTransformer(**TINY_DIT["model"])
+    uncond = torch.randn(1, 6, TINY_DIT["model"]["text_dim"])
+    eager = GuidanceTeacher(teacher, 1.5, uncond)
+    compiled = GuidanceTeacher(teacher, 1.5, uncond, compile=True)
+    noisy, t = torch.randn(2, 4, 8, 4, 4), torch.rand(2, 8) * 1000
+    text = torch.randn(2, 6, TINY_DIT["model"]["text_dim"])
+    pattern = AttentionPattern.block_causal(4, 2)
+    expected = eager.term(noisy, t, text, pattern)
+    got = compiled.term(noisy, t, text, pattern)
+    assert compiled.forward is not teacher and expected.abs().max() > 1e-3
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)

@@ -186,8 +186,12 @@ class GuidanceTeacher:
     both texts (the pipeline's unconditional text, the pair ``"" ‖ ""``). Zero for a sample whose
     caption was dropped, whose text is that pair: the unconditional prediction stays unguided."""
 
-    def __init__(self, teacher: CausalWanTransformer, scale: float, uncond_text: torch.Tensor) -> None:
+    def __init__(
+        self, teacher: CausalWanTransformer, scale: float, uncond_text: torch.Tensor, compile: bool = False
+    ) -> None:
         self.teacher = teacher.eval().requires_grad_(False)
+        # compiled as the trained model is: the teacher's forward is ~40 % of a step in eager mode
+        self.forward = torch.compile(self.teacher) if compile else self.teacher
         self.scale = scale
         self.uncond_text = uncond_text  # (1, L, D)
 
@@ -196,7 +200,7 @@ class GuidanceTeacher:
         self, noisy: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, pattern: AttentionPattern
     ) -> torch.Tensor:
         uncond = self.uncond_text.to(text.dtype).expand(text.shape[0], -1, -1)
-        both = self.teacher(
+        both = self.forward(
             torch.cat([noisy, noisy]),
             torch.cat([timestep, timestep]),
             torch.cat([text, uncond]),
@@ -307,6 +311,7 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
             load_transformer(config.guidance_teacher),
             config.guidance_scale,
             text_pair_batched(text_encoder, [""], [""]),
+            compile=config.compile,
         )
     # inductor fuses the many small elementwise ops around the matmuls (~1.7x per CPU step here)
     forward = torch.compile(model) if config.compile else model
