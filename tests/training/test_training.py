@@ -340,13 +340,19 @@ def test_guidance_distillation_trains_and_needs_a_teacher(autoencoder, tmp_path)
     run = tmp_path / "student"
     train_transformer(
         TransformerTrainConfig(
-            run_dir=str(run), steps=10, guidance_scale=2.0, guidance_teacher=str(teacher), **config
+            run_dir=str(run),
+            steps=10,
+            guidance_scale=2.0,
+            guidance_teacher=str(teacher),
+            guidance_region="object",
+            **config,
         )
     )
     losses = _losses(run)
     assert len(losses) == 2 and all(np.isfinite(losses))
     state = json.loads((run / "latest" / "state.json").read_text())
     assert state["config"]["guidance_scale"] == 2.0 and state["config"]["guidance_teacher"] == str(teacher)
+    assert state["config"]["guidance_region"] == "object"
     cli = subprocess.run(
         [
             sys.executable,
@@ -383,3 +389,52 @@ def test_a_compiled_guidance_teacher_gives_the_eager_term():
     got = compiled.term(noisy, t, text, pattern)
     assert compiled.forward is not teacher and expected.abs().max() > 1e-3
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_guidance_on_the_object_region_only_leaves_the_other_cells_the_flow_target():
+    """``guidance_where``: the term is added on the marked latent cells only, so far from the
+    object the regression target is the plain flow target (the background is not pushed)."""
+    from vidgen.models import CausalWanTransformer
+    from vidgen.training.transformer import GuidanceTeacher, diffusion_forcing_loss
+
+    torch.manual_seed(0)
+    arch = {**TINY_DIT["model"]}
+    teacher = CausalWanTransformer(**arch).eval()
+    config = TransformerTrainConfig(**{k: v for k, v in TINY_DIT.items() if k != "model"}, model=arch)
+    latents = torch.randn(2, 4, 8, 4, 4)
+    text = torch.randn(2, 6, arch["text_dim"])
+    guidance = GuidanceTeacher(teacher, 3.0, torch.randn(1, 6, arch["text_dim"]))
+    where = torch.zeros(2, 8, 4, 4, dtype=torch.bool)
+    where[:, :, 1:3, 1:3] = True
+    captured = {}
+
+    def student(noisy, timestep, text, attention_pattern=None, return_dict=False):
+        captured["noisy"] = noisy
+        return (torch.zeros_like(noisy),)
+
+    def loss(region):
+        return diffusion_forcing_loss(
+            student,
+            latents,
+            text,
+            torch.ones(2, 4, dtype=torch.bool),
+            config,
+            torch.Generator().manual_seed(5),
+            None,
+            guidance,
+            region,
+        )
+
+    with torch.no_grad():
+        plain = diffusion_forcing_loss(
+            student,
+            latents,
+            text,
+            torch.ones(2, 4, dtype=torch.bool),
+            config,
+            torch.Generator().manual_seed(5),
+        )
+        everywhere, masked, nowhere = loss(None), loss(where), loss(torch.zeros_like(where))
+    # a zero student's loss is the mean square of its target
+    torch.testing.assert_close(nowhere, plain)
+    assert abs(float(masked) - float(plain)) > 1e-4 and abs(float(masked) - float(everywhere)) > 1e-4

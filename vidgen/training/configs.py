@@ -90,6 +90,10 @@ class TransformerTrainConfig:
     guided velocity, with the clips' conditional velocity in place of the teacher's, so the model
     keeps learning from the data while it learns to draw at guidance 1 what guidance
     ``guidance_scale`` draws (one model pass a sampler step instead of two)."""
+    guidance_region: Literal["all", "object"] = "all"
+    """Where the guidance term is added: ``all`` latent cells, or only the cells of the ``object``
+    and their neighbours (where its shape is decided). Guidance everywhere pushes the backgrounds'
+    colour off the named one, as classifier-free guidance at sampling time does."""
     guidance_teacher: str = ""
     """The frozen model whose guidance is distilled: a pipeline or transformer folder, or a training
     run (its EMA). Needed when ``guidance_scale`` is not 1. Keep it the same across a run's stretches:

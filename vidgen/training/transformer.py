@@ -220,10 +220,12 @@ def diffusion_forcing_loss(
     generator: torch.Generator,
     object_weight: torch.Tensor | None = None,
     guidance: GuidanceTeacher | None = None,
+    guidance_where: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Flow-matching loss with an independent noise level per chunk, block-causal attention;
     ``object_weight`` (B, F, h, w) weights the latent cells of the object, or (B, C, F, h, w) each
-    latent value; ``guidance`` adds its guidance term to the target (guidance distillation)."""
+    latent value; ``guidance`` adds its guidance term to the target (guidance distillation), only
+    on the latent cells where ``guidance_where`` (B, F, h, w) is true if it is given."""
     batch, _, frames, height, width = latents.shape
     c = config.chunk_frames
     num_chunks = frames // c
@@ -245,7 +247,10 @@ def diffusion_forcing_loss(
     timestep = timestep_of(sigma_frames)
     target = noise - latents
     if guidance is not None:
-        target = target + guidance.term(noisy, timestep, text, pattern)
+        term = guidance.term(noisy, timestep, text, pattern)
+        if guidance_where is not None:
+            term = term * guidance_where[:, None].to(term.dtype)
+        target = target + term
     pred = model(noisy, timestep, text, attention_pattern=pattern, return_dict=False)[0]
     err = (pred.float() - target).square()  # (B, C, F, h, w)
     if object_weight is not None:
@@ -350,11 +355,23 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         if config.shape_contrast > 0:
             contrast = shape_contrast_weight(latents, other_shape_latents, config.shape_contrast)
             object_weight = contrast if object_weight is None else contrast * object_weight[:, None]
+        guidance_where = None
+        if guidance is not None and config.guidance_region == "object":
+            masks = torch.from_numpy(np.stack([s.masks for s in samples]))
+            guidance_where = latent_object_weight(masks, temporal, spatial, 1.0) > 1.0
         data_seconds = time.perf_counter() - started
         model.train()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
             loss = diffusion_forcing_loss(
-                forward, latents, text, loss_chunks, config, generator, object_weight, guidance
+                forward,
+                latents,
+                text,
+                loss_chunks,
+                config,
+                generator,
+                object_weight,
+                guidance,
+                guidance_where,
             )
         if not run.update(loss, data_s=round(data_seconds, 3), step_s=round(step_seconds, 3)):
             break
