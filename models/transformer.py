@@ -67,7 +67,7 @@ class Linear(nn.Linear):
 
     The output is bitwise that of ``nn.Linear`` under autocast (the same cast, the same matmul). On
     a small model on the CPU the per-call cast is a large share of a linear layer's time: the
-    default model spends ~14 % less time a chunk. The cast is remade when the weight changes
+    default model's denoising passes take ~12 % less time. The cast is remade when the weight changes
     (another tensor, or an in-place update that bumps its version) and on :func:`drop_cast_weights`
     (the pipeline calls it at each video's start, for updates through ``.data`` that bump no
     version, such as a LoRA fused in place). It costs half the float32 weights' memory while kept.

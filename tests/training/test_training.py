@@ -406,13 +406,11 @@ def test_guidance_on_the_object_region_only_leaves_the_other_cells_the_flow_targ
     guidance = GuidanceTeacher(teacher, 3.0, torch.randn(1, 6, arch["text_dim"]))
     where = torch.zeros(2, 8, 4, 4, dtype=torch.bool)
     where[:, :, 1:3, 1:3] = True
-    captured = {}
 
     def student(noisy, timestep, text, attention_pattern=None, return_dict=False):
-        captured["noisy"] = noisy
         return (torch.zeros_like(noisy),)
 
-    def loss(region):
+    def loss(teacher_term, region):
         return diffusion_forcing_loss(
             student,
             latents,
@@ -421,20 +419,17 @@ def test_guidance_on_the_object_region_only_leaves_the_other_cells_the_flow_targ
             config,
             torch.Generator().manual_seed(5),
             None,
-            guidance,
+            teacher_term,
             region,
         )
 
     with torch.no_grad():
-        plain = diffusion_forcing_loss(
-            student,
-            latents,
-            text,
-            torch.ones(2, 4, dtype=torch.bool),
-            config,
-            torch.Generator().manual_seed(5),
+        plain = loss(None, None)
+        everywhere, masked, nowhere = (
+            loss(guidance, None),
+            loss(guidance, where),
+            loss(guidance, torch.zeros_like(where)),
         )
-        everywhere, masked, nowhere = loss(None), loss(where), loss(torch.zeros_like(where))
     # a zero student's loss is the mean square of its target
     torch.testing.assert_close(nowhere, plain)
     assert abs(float(masked) - float(plain)) > 1e-4 and abs(float(masked) - float(everywhere)) > 1e-4

@@ -348,16 +348,15 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
                 text_encoder, [s.text for s in samples], [s.previous_text for s in samples]
             )
         loss_chunks = torch.tensor([s.loss_chunks for s in samples])
+        masks = torch.from_numpy(np.stack([s.masks for s in samples]))
         object_weight = None
         if config.object_weight > 0:
-            masks = torch.from_numpy(np.stack([s.masks for s in samples]))
             object_weight = latent_object_weight(masks, temporal, spatial, config.object_weight)
         if config.shape_contrast > 0:
             contrast = shape_contrast_weight(latents, other_shape_latents, config.shape_contrast)
             object_weight = contrast if object_weight is None else contrast * object_weight[:, None]
         guidance_where = None
         if guidance is not None and config.guidance_region == "object":
-            masks = torch.from_numpy(np.stack([s.masks for s in samples]))
             guidance_where = latent_object_weight(masks, temporal, spatial, 1.0) > 1.0
         data_seconds = time.perf_counter() - started
         model.train()
