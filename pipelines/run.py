@@ -26,7 +26,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from vidgen.config import GenerationConfig, VidgenConfig
+from vidgen.config import GenerationConfig, VidgenConfig, cpu_has_native_bf16
 from vidgen.models import KVCache, drop_cast_weights
 from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning, write_held
 from vidgen.pipelines.drift import DriftMeasures, DriftMonitor, StatsAnchor
@@ -87,16 +87,6 @@ def flow_schedule(g: GenerationConfig, steps: int) -> FlowSchedule:
         return FlowSchedule(steps, g.shift, g.sampler, tuple(g.timesteps))
     except ValueError as err:
         raise InputError(str(err)) from None
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bfloat16 in hardware (AVX-512 BF16 or AMX), from /proc/cpuinfo."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
 
 def autocast_dtype(setting: str, device: torch.device) -> torch.dtype | None:

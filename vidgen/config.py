@@ -270,6 +270,18 @@ class DriftConfig:
         _check_positive("drift.freeze_threshold", self.freeze_threshold, allow_zero=True)
 
 
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU computes bfloat16 in hardware (AVX-512 BF16 or AMX), from its flags in
+    ``cpuinfo``. Elsewhere torch emulates it: slower than float32 (an AVX2 EPYC: training steps
+    5x, autoencoder encodes 35x, measured)."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
 @dataclass
 class RuntimeConfig:
     """Where and how the models run."""

@@ -6,6 +6,7 @@
     python benchmarks/default_model/diagnose.py autoencoder  [--model DIR]
     python benchmarks/default_model/diagnose.py overfit --run RUN --model DIR  # after --overfit-clips
     python benchmarks/default_model/diagnose.py failures     [--model DIR]   # why frames fail
+    python benchmarks/default_model/diagnose.py shapes       [--model DIR]   # shape drawn per shape named
 
 Each prints one table; all run on one thread. ``--model`` is a pipeline folder (default: the
 embedded model; a training checkpoint becomes one with ``vidgen train export``); ``--transformer``
@@ -224,10 +225,51 @@ def failures(pipe, prompts: int = 12, seconds: float = 5.0) -> None:
     print("frames passing by second: " + " ".join(f"{x:.0%}" for x in by_second))
 
 
+def shapes(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0, clips: int = 36) -> None:
+    """Which shape is drawn for which named shape, by size: on the 10-s videos of ``vidgen eval
+    --held-out PROMPTS --seed SEED`` (its prompts), and on ground-truth clips through
+    the autoencoder (is a shape lost before the transformer sees it?)."""
+    from vidgen.evaluation import held_out_prompts as eval_prompts
+
+    def table(title: str, counts: dict[tuple[str, str], np.ndarray]) -> None:
+        print(title)
+        print(f"{'named':22s} " + " ".join(f"{s:>8s}" for s in SHAPES) + "     none  frames")
+        for (size, shape), row in sorted(counts.items()):
+            total = row.sum()
+            cells = " ".join(f"{x / total:8.0%}" for x in row)
+            print(f"{size + ' ' + shape:22s} {cells}  {int(total):7d}")
+
+    num_frames = 1 + 4 * round(seconds * world.FPS / 4)
+    generated: dict[tuple[str, str], np.ndarray] = {}
+    for k, prompt in enumerate(eval_prompts(prompts, seed)):
+        frames = _frames(pipe, prompt, num_frames, seed=seed * 1000 + k)
+        report = evaluate_video(frames, prompt)
+        spec = parse_prompt(prompt)
+        key = (spec.size or "any", spec.shape)
+        row = generated.setdefault(key, np.zeros(len(SHAPES) + 1))
+        for record in report.frames:
+            row[SHAPES.index(record.shape) if record.shape else len(SHAPES)] += 1
+    table(f"generated, {prompts} held-out prompts, {seconds:g} s", generated)
+
+    rng = np.random.default_rng(11)
+    vae = pipe.vae
+    round_trip: dict[tuple[str, str], np.ndarray] = {}
+    for _ in range(clips):
+        scene = world.sample_scene(rng)
+        clip = world.render_clip(scene, 33, size=64, rng=rng)
+        with torch.no_grad():
+            recon = vae.decode(vae.encode(clip_to_tensor(clip.frames)[None]).latent_dist.mode()).sample
+        report = evaluate_video(_uint8(recon)[0], scene)
+        row = round_trip.setdefault((scene.size, scene.shape), np.zeros(len(SHAPES) + 1))
+        for record in report.frames:
+            row[SHAPES.index(record.shape) if record.shape else len(SHAPES)] += 1
+    table(f"autoencoder round trip, {clips} ground-truth 2-s clips", round_trip)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument(
-        "check", choices=["shape-word", "probe", "steps", "autoencoder", "overfit", "failures"]
+        "check", choices=["shape-word", "probe", "steps", "autoencoder", "overfit", "failures", "shapes"]
     )
     parser.add_argument("--model", help="pipeline folder (default: the embedded model)")
     parser.add_argument("--transformer", help="a transformer folder to probe instead")
@@ -240,7 +282,7 @@ def main() -> None:
     if args.check == "overfit":
         return overfit(pipe, args.run)
     checks = {"shape-word": shape_word, "probe": probe, "steps": steps, "autoencoder": autoencoder}
-    {**checks, "failures": failures}[args.check](pipe)
+    {**checks, "failures": failures, "shapes": shapes}[args.check](pipe)
 
 
 if __name__ == "__main__":

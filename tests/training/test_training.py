@@ -433,3 +433,114 @@ def test_guidance_on_the_object_region_only_leaves_the_other_cells_the_flow_targ
     # a zero student's loss is the mean square of its target
     torch.testing.assert_close(nowhere, plain)
     assert abs(float(masked) - float(plain)) > 1e-4 and abs(float(masked) - float(everywhere)) > 1e-4
+
+
+@pytest.mark.parametrize(
+    ("flags", "native"),
+    [
+        ("fpu sse2 avx avx2 fma", False),  # AVX2 only: bf16 is emulated
+        ("avx2 avx512f avx512bw", False),  # AVX-512 without its BF16 extension
+        ("avx2 avx512f avx512_bf16", True),
+        ("avx2 amx_bf16 amx_tile", True),
+    ],
+)
+def test_training_autocasts_to_bf16_only_where_the_cpu_has_it(tmp_path, monkeypatch, flags, native):
+    """The default of ``--bf16`` follows the CPU's flags: emulated bf16 made steps 5x slower."""
+    import vidgen.training.configs as configs
+    from vidgen.config import cpu_has_native_bf16
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\nbugs\t\t: avx512_bf16\n")
+    assert cpu_has_native_bf16(str(cpuinfo)) is native  # the flags line only, not "bugs"
+    monkeypatch.setattr(configs, "cpu_has_native_bf16", lambda: native)
+    assert TransformerTrainConfig().bf16 is native
+    assert TransformerTrainConfig(bf16=True).bf16 is True  # asked for: kept
+    assert cpu_has_native_bf16(str(tmp_path / "absent")) is False
+
+
+def test_shape_swap_noises_the_other_shape_and_keeps_the_captioned_clip_as_the_target():
+    """With ``shape_swap``, the swapped loss chunks at sigma >= ``shape_swap_sigma`` get
+    ``(1 - s) other + s noise`` as input, and the target still recovers the captioned clip's
+    latents (an oracle predicting them has zero loss); context chunks, low-sigma chunks and a run
+    without the swap are untouched."""
+    from vidgen.training.transformer import diffusion_forcing_loss
+
+    torch.manual_seed(0)
+    latents, other = torch.randn(4, 4, 8, 4, 4), torch.randn(4, 4, 8, 4, 4)
+    text = torch.randn(4, 6, TINY_DIT["model"]["text_dim"])
+    loss_chunks = torch.ones(4, 4, dtype=torch.bool)
+    loss_chunks[3, :2] = False  # a sample whose first chunks are an old prompt's context
+    base = {k: v for k, v in TINY_DIT.items() if k != "model"}
+    seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def oracle(name):
+        """Records its input; predicts the velocity whose clean estimate is ``latents``."""
+
+        def model(noisy, timestep, text, attention_pattern=None, return_dict=False):
+            sigma = (timestep / 1000.0)[:, None, :, None, None]
+            seen[name] = (noisy.clone(), sigma)
+            return ((noisy - latents) / sigma,)
+
+        return model
+
+    def loss(name, swap, threshold=0.0, other_shape=other):
+        config = TransformerTrainConfig(**base, shape_swap=swap, shape_swap_sigma=threshold)
+        generator = torch.Generator().manual_seed(5)
+        return diffusion_forcing_loss(
+            oracle(name), latents, text, loss_chunks, config, generator, other_shape_latents=other_shape
+        )
+
+    assert float(loss("plain", 0.0, other_shape=None)) < 1e-8
+    assert float(loss("off", 0.0)) < 1e-8
+    assert torch.equal(seen["off"][0], seen["plain"][0])  # swap 0: the same draws, the same input
+    assert float(loss("all", 1.0)) < 1e-8  # the target's clean estimate is the captioned clip
+    assert float(loss("high", 1.0, threshold=0.5)) < 1e-8
+
+    plain, sigma = seen["plain"]
+    sigma_chunks = sigma[:, 0, ::2, 0, 0]  # (B, chunks)
+    context = sigma_chunks <= TransformerTrainConfig().context_sigma_max
+    assert context[3, :2].all() and (~context).any()
+    for name, threshold in (("all", 0.0), ("high", 0.5)):
+        swapped = (~context & (sigma_chunks >= threshold)).repeat_interleave(2, dim=1)
+        diff = seen[name][0] - plain
+        expected = (1 - sigma) * (other - latents)
+        for b in range(4):
+            for f in range(8):
+                if swapped[b, f]:
+                    torch.testing.assert_close(diff[b, :, f], expected[b, :, f], rtol=1e-4, atol=1e-5)
+                else:
+                    assert diff[b, :, f].abs().max() == 0
+    assert ((~context) & (sigma_chunks < 0.5)).any() and ((~context) & (sigma_chunks >= 0.5)).any()
+
+
+def test_shape_swap_trains_and_swaps_only_captioned_samples(autoencoder, tmp_path, monkeypatch):
+    """A run with ``shape_swap`` renders and encodes the other shape (no shape contrast asked) and
+    hands the loss the other shape's latents for captioned samples, the clip's own for a sample
+    whose caption was dropped (it names no shape to draw)."""
+    import vidgen.training.transformer as trainer
+
+    _, final = autoencoder
+    samples, calls = [], []
+    make, loss = trainer.make_sample, trainer.diffusion_forcing_loss
+
+    def recording_make(rng, config):
+        samples.append(make(rng, config))
+        return samples[-1]
+
+    def recording_loss(model, latents, *args):
+        calls.append((latents.clone(), args[-1].clone(), [s.text for s in samples[-latents.shape[0] :]]))
+        return loss(model, latents, *args)
+
+    monkeypatch.setattr(trainer, "make_sample", recording_make)
+    monkeypatch.setattr(trainer, "diffusion_forcing_loss", recording_loss)
+    config = dict(autoencoder=str(final), lr=2e-3, warmup=2, save_every=10, caption_dropout=0.5, **TINY_DIT)
+    run = tmp_path / "run"
+    train_transformer(TransformerTrainConfig(run_dir=str(run), steps=6, shape_swap=1.0, **config))
+    assert all(np.isfinite(_losses(run))) and len(calls) == 6
+    kinds = set()
+    for latents, swap, texts in calls:
+        for k, text in enumerate(texts):
+            kinds.add(bool(text))
+            same = torch.equal(swap[k], latents[k])
+            assert same is not bool(text)  # captioned: another shape; dropped: the clip itself
+    assert kinds == {True, False}

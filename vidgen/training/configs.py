@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from vidgen.config import cpu_has_native_bf16
+
 
 @dataclass
 class AutoencoderTrainConfig:
@@ -82,6 +84,13 @@ class TransformerTrainConfig:
     """Extra loss weight on the latent values that tell the object's shape from another shape on
     the same trajectory (the clip is redrawn with another shape and encoded too; 0: off). Shape
     is a few values of one or two tokens; this makes those values, not the whole object, count."""
+    shape_swap: float = 0.0
+    """Share of samples whose noised chunks start from the clip redrawn with another shape (the
+    shape-contrast clip) while the target stays the captioned clip: on the chunks at noise levels
+    from ``shape_swap_sigma`` up, the model learns to draw the shape the caption names where the
+    noisy input shows another. Sampling decides the shape there, and an object started as a blob
+    otherwise stays a circle (0: off)."""
+    shape_swap_sigma: float = 0.5
     caption_dropout: float = 0.1
     guidance_scale: float = 1.0
     """Distil classifier-free guidance into the model (1: off). A captioned sample's regression
@@ -115,8 +124,10 @@ class TransformerTrainConfig:
     function, Adam restarting."""
     compile: bool = True
     """torch.compile the training forward (one compile of a few minutes, then ~1.7x faster steps)."""
-    bf16: bool = True
-    """bfloat16 autocast for the transformer's matmuls (2-3x faster on CPUs with AVX-512 BF16)."""
+    bf16: bool = field(default_factory=lambda: cpu_has_native_bf16())
+    """bfloat16 autocast for the autoencoder's encode and the transformer's matmuls. Default: on
+    where the CPU computes bfloat16 in hardware (AVX-512 BF16 or AMX: 2-3x faster steps), off
+    elsewhere (an AVX2 CPU emulates it: 5x slower steps, 35x slower encodes, measured)."""
     model: dict = field(
         default_factory=lambda: dict(
             patch_size=(1, 2, 2),

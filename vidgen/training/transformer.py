@@ -109,7 +109,7 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
     frames = clip.frames[picked]
     masks = clip.masks[picked]
     other_shape_frames = None
-    if config.shape_contrast > 0:
+    if config.shape_contrast > 0 or config.shape_swap > 0:
         # one shape for every scene of the clip: a change of shape inside it stays a change
         other = str(rng.choice([s for s in world.SHAPES if s != clip.scenes[-1].shape]))
         other_shape_frames = world.redraw(clip, config.size, shape=other)[picked]
@@ -221,11 +221,17 @@ def diffusion_forcing_loss(
     object_weight: torch.Tensor | None = None,
     guidance: GuidanceTeacher | None = None,
     guidance_where: torch.Tensor | None = None,
+    other_shape_latents: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Flow-matching loss with an independent noise level per chunk, block-causal attention;
     ``object_weight`` (B, F, h, w) weights the latent cells of the object, or (B, C, F, h, w) each
     latent value; ``guidance`` adds its guidance term to the target (guidance distillation), only
-    on the latent cells where ``guidance_where`` (B, F, h, w) is true if it is given."""
+    on the latent cells where ``guidance_where`` (B, F, h, w) is true if it is given.
+
+    With ``other_shape_latents`` (the clip redrawn with another shape) and ``config.shape_swap``,
+    a share of the samples noise those latents instead on their loss chunks at sigma >=
+    ``config.shape_swap_sigma``; the target stays the one whose clean estimate ``noisy - sigma *
+    target`` is the captioned clip's latents."""
     batch, _, frames, height, width = latents.shape
     c = config.chunk_frames
     num_chunks = frames // c
@@ -242,10 +248,18 @@ def diffusion_forcing_loss(
     noise = torch.randn(latents.shape, generator=generator)
     s = sigma_frames[:, None, :, None, None]
     noisy = (1 - s) * latents + s * noise
+    target = noise - latents
+    if other_shape_latents is not None and config.shape_swap > 0:
+        # drawn after the noise: a run without the swap keeps its random stream
+        swapped = torch.rand(batch, generator=generator) < config.shape_swap
+        where = swapped[:, None] & ~context_mask & (sigma >= config.shape_swap_sigma)  # (B, chunks)
+        w = where.repeat_interleave(c, dim=1)[:, None, :, None, None]
+        noisy = torch.where(w, (1 - s) * other_shape_latents + s * noise, noisy)
+        # the x0 that noisy - s * target recovers is still the captioned clip's
+        target = torch.where(w, (noisy - latents) / s.clamp(min=1e-3), target)
     c_p = config.model["patch_size"]
     pattern = AttentionPattern.block_causal((height // c_p[1]) * (width // c_p[2]), c)
     timestep = timestep_of(sigma_frames)
-    target = noise - latents
     if guidance is not None:
         term = guidance.term(noisy, timestep, text, pattern)
         if guidance_where is not None:
@@ -334,7 +348,8 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
             samples = [make_sample(rng, config) for _ in range(config.batch_size)]
         with torch.no_grad():
             video = torch.stack([clip_to_tensor(s.frames) for s in samples])
-            if config.shape_contrast > 0:  # both versions through the encoder in one batch
+            other_shape = config.shape_contrast > 0 or config.shape_swap > 0
+            if other_shape:  # both versions through the encoder in one batch
                 video = torch.cat(
                     [video, torch.stack([clip_to_tensor(s.other_shape_frames) for s in samples])]
                 )
@@ -342,7 +357,8 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
                 latents = vae.encode(video).latent_dist.mode().float()
             latents = (latents - mean) / std
-            if config.shape_contrast > 0:
+            other_shape_latents = None
+            if other_shape:
                 latents, other_shape_latents = latents.chunk(2)
             text = text_pair_batched(
                 text_encoder, [s.text for s in samples], [s.previous_text for s in samples]
@@ -352,9 +368,14 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         object_weight = None
         if config.object_weight > 0:
             object_weight = latent_object_weight(masks, temporal, spatial, config.object_weight)
-        if config.shape_contrast > 0:
+        if config.shape_contrast > 0 and other_shape_latents is not None:
             contrast = shape_contrast_weight(latents, other_shape_latents, config.shape_contrast)
             object_weight = contrast if object_weight is None else contrast * object_weight[:, None]
+        swap_latents = None
+        if config.shape_swap > 0 and other_shape_latents is not None:
+            # a sample without a caption has no shape to draw: its swap is the clip itself
+            captioned = torch.tensor([bool(s.text) for s in samples])[:, None, None, None, None]
+            swap_latents = torch.where(captioned, other_shape_latents, latents)
         guidance_where = None
         if guidance is not None and config.guidance_region == "object":
             guidance_where = latent_object_weight(masks, temporal, spatial, 1.0) > 1.0
@@ -371,6 +392,7 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
                 object_weight,
                 guidance,
                 guidance_where,
+                swap_latents,
             )
         if not run.update(loss, data_s=round(data_seconds, 3), step_s=round(step_seconds, 3)):
             break
