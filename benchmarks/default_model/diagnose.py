@@ -229,7 +229,11 @@ def shapes(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0, clips:
     """Which shape is drawn for which named shape, by size: on the 10-s videos of ``vidgen eval
     --held-out PROMPTS --seed SEED`` (its prompts), and on ground-truth clips through
     the autoencoder (is a shape lost before the transformer sees it?)."""
-    from vidgen.evaluation import held_out_prompts as eval_prompts
+
+    def add(counts: dict[tuple[str, str], np.ndarray], key: tuple[str, str], report) -> None:
+        row = counts.setdefault(key, np.zeros(len(SHAPES) + 1))  # the last column: no object
+        for record in report.frames:
+            row[SHAPES.index(record.shape) if record.shape else len(SHAPES)] += 1
 
     def table(title: str, counts: dict[tuple[str, str], np.ndarray]) -> None:
         print(title)
@@ -241,14 +245,10 @@ def shapes(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0, clips:
 
     num_frames = 1 + 4 * round(seconds * world.FPS / 4)
     generated: dict[tuple[str, str], np.ndarray] = {}
-    for k, prompt in enumerate(eval_prompts(prompts, seed)):
+    for k, prompt in enumerate(held_out_prompts(prompts, seed)):
         frames = _frames(pipe, prompt, num_frames, seed=seed * 1000 + k)
-        report = evaluate_video(frames, prompt)
         spec = parse_prompt(prompt)
-        key = (spec.size or "any", spec.shape)
-        row = generated.setdefault(key, np.zeros(len(SHAPES) + 1))
-        for record in report.frames:
-            row[SHAPES.index(record.shape) if record.shape else len(SHAPES)] += 1
+        add(generated, (spec.size or "any", spec.shape), evaluate_video(frames, prompt))
     table(f"generated, {prompts} held-out prompts, {seconds:g} s", generated)
 
     rng = np.random.default_rng(11)
@@ -259,10 +259,7 @@ def shapes(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0, clips:
         clip = world.render_clip(scene, 33, size=64, rng=rng)
         with torch.no_grad():
             recon = vae.decode(vae.encode(clip_to_tensor(clip.frames)[None]).latent_dist.mode()).sample
-        report = evaluate_video(_uint8(recon)[0], scene)
-        row = round_trip.setdefault((scene.size, scene.shape), np.zeros(len(SHAPES) + 1))
-        for record in report.frames:
-            row[SHAPES.index(record.shape) if record.shape else len(SHAPES)] += 1
+        add(round_trip, (scene.size, scene.shape), evaluate_video(_uint8(recon)[0], scene))
     table(f"autoencoder round trip, {clips} ground-truth 2-s clips", round_trip)
 
 
