@@ -267,6 +267,34 @@ def test_a_run_resumed_with_a_position_table_starts_it_at_zero_and_learns_it(aut
     table = load_file(str(run / "latest" / "model.safetensors"))["spatial_pos"]
     assert table.shape == model.spatial_pos.shape and table.abs().max() > 0
 
+    # the table at its own rate: --spatial-pos-lr-scale K moves it ~K times as far in the same
+    # steps (Adam's step is ~lr whatever the gradient's size), without weight decay
+    moved = {}
+    for scale in (1.0, 10.0):
+        branch = tmp_path / f"scale{scale:g}"
+        shutil.copytree(saved, branch)
+        train_transformer(
+            TransformerTrainConfig(
+                run_dir=str(branch), steps=14, spatial_pos=True, spatial_pos_lr_scale=scale, **config
+            )
+        )
+        moved[scale] = load_file(str(branch / "latest" / "model.safetensors"))["spatial_pos"].abs().mean()
+    assert 5.0 < moved[10.0] / moved[1.0] < 15.0, moved
+    groups = json.loads((tmp_path / "scale10" / "latest" / "state.json").read_text())["optimizer"][
+        "param_groups"
+    ]
+    assert [(g.get("lr_scale", 1.0), g["weight_decay"], len(g["params"])) for g in groups][1] == (
+        10.0,
+        0.0,
+        1,
+    )
+    with pytest.raises(ValueError, match="positive"):
+        train_transformer(
+            TransformerTrainConfig(
+                run_dir=str(tmp_path / "bad"), steps=1, spatial_pos=True, spatial_pos_lr_scale=0.0, **config
+            )
+        )
+
     # any other missing parameter is still an error
     del before["proj_out.weight"]
     save_file(before, str(saved / "latest" / "model.safetensors"))

@@ -302,6 +302,21 @@ def latent_object_weight(masks: torch.Tensor, temporal: int, spatial: int, stren
 # ----------------------------------------------------------------------------- loop
 
 
+def _parameter_groups(model: CausalWanTransformer, config: TransformerTrainConfig) -> list[dict]:
+    """One group, or two when the position table learns at its own rate (``lr_scale`` is read
+    by the training loop's schedule)."""
+    if config.spatial_pos_lr_scale <= 0:
+        raise ValueError(f"spatial_pos_lr_scale must be positive, got {config.spatial_pos_lr_scale}")
+    table = model.spatial_pos
+    if table is None or config.spatial_pos_lr_scale == 1.0:
+        return [{"params": list(model.parameters())}]
+    rest = [p for p in model.parameters() if p is not table]
+    return [
+        {"params": rest},
+        {"params": [table], "lr_scale": config.spatial_pos_lr_scale, "weight_decay": 0.0},
+    ]
+
+
 def train_transformer(config: TransformerTrainConfig) -> Path:
     if config.guidance_scale != 1.0 and not config.guidance_teacher:
         raise ValueError(
@@ -321,7 +336,7 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         architecture["spatial_pos_grid"] = (config.size // spatial // p_h, config.size // spatial // p_w)
     model = CausalWanTransformer(**architecture)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99)
+        _parameter_groups(model, config), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99)
     )
     run = TrainingRun(config, model, optimizer, lr_floor=0.1)
     guidance = None
