@@ -18,6 +18,7 @@ from vidgen.shapes.world import (
     SPEEDS,
     Scene,
     frame_of,
+    redraw,
     render_clip,
     sample_scene,
     sample_storyboard,
@@ -211,3 +212,29 @@ def test_invalid_input_is_rejected_with_a_clear_message():
         render_clip([(0.0, scene), (0.0, scene)], 4)
     with pytest.raises(ValueError, match="outside"):
         render_clip(scene, 4, start=(0.01, 0.5))
+
+
+def test_redraw_scale_draws_a_larger_object_about_the_same_centres_cut_at_the_edge():
+    """``redraw(scale=k)``: k^2 the area about the same centroid, in one piece cut off at the
+    canvas edge (no wrap to the other side); scale 1 gives the clip back; scale <= 0 raises."""
+    scene = Scene("black", "red", "square", "small", "slow", "right")
+    size = 64
+    centred = render_clip(scene, 3, size=size, start=(0.5, 0.5))
+    np.testing.assert_array_equal(redraw(centred, scale=1.0), centred.frames)
+    big = redraw(centred, scale=2.5)
+    for small_frame, big_frame in ((centred.frames[0], big[0]), (centred.frames[2], big[2])):
+        small_mask, big_mask = (small_frame != 0).any(-1), (big_frame != 0).any(-1)
+        # pixels the object touches: side 10.24 -> 25.6 px, plus at most one partial pixel a side
+        assert (10.24**2) <= small_mask.sum() <= (12.24**2)
+        assert (25.6**2) <= big_mask.sum() <= (27.6**2)
+        for axis in (0, 1):
+            small_c = np.nonzero(small_mask)[axis].mean()
+            big_c = np.nonzero(big_mask)[axis].mean()
+            assert abs(small_c - big_c) < 0.75
+    # near the left wall the large copy runs off the canvas there, and nothing appears on the right
+    walled = render_clip(scene, 2, size=size, start=(0.09, 0.5))
+    edge = (redraw(walled, scale=2.5)[0] != 0).any(-1)
+    columns = np.nonzero(edge.any(axis=0))[0]
+    assert columns.min() == 0 and columns.max() < size // 2
+    with pytest.raises(ValueError, match="scale"):
+        redraw(walled, scale=0.0)

@@ -119,6 +119,59 @@ def test_compact_checkpoint_resumes(autoencoder, tmp_path):
     assert state["step"] == 20 and (compact / "latest" / "optimizer.safetensors").exists()
 
 
+def _within_float16(stored, source):
+    """float16 keeps ~3 decimal digits."""
+    return torch.allclose(stored.float(), source.float(), rtol=1e-3, atol=1e-6)
+
+
+def test_export_writes_the_ema_or_the_raw_weights(autoencoder, tmp_path):
+    """``vidgen train export --weights ema|raw`` stores that file of the run's latest checkpoint
+    (within float16 rounding) and says which in ``training_state.json``."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from vidgen.models import CausalWanTransformer
+
+    _, final = autoencoder
+    config = dict(autoencoder=str(final), lr=2e-3, warmup=2, save_every=10, **TINY_DIT)
+    run = tmp_path / "run"
+    train_transformer(TransformerTrainConfig(run_dir=str(run), steps=10, **config))
+    saved = {
+        w: load_file(str(run / "latest" / f"{f}.safetensors")) for w, f in (("raw", "model"), ("ema", "ema"))
+    }
+    for weights in ("ema", "raw"):
+        out = tmp_path / weights
+        cli = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "vidgen",
+                "train",
+                "export",
+                "--transformer-run",
+                str(run),
+                "--autoencoder",
+                str(final),
+                "--out",
+                str(out),
+                "--weights",
+                weights,
+            ],
+            capture_output=True,
+            text=True,
+        )
+        assert cli.returncode == 0, cli.stderr
+        exported = CausalWanTransformer.from_pretrained(str(out / "transformer")).state_dict()
+        other = saved["raw" if weights == "ema" else "ema"]
+
+        assert all(_within_float16(exported[name], saved[weights][name]) for name in exported)
+        assert not all(_within_float16(exported[name], other[name]) for name in exported)  # the other fails
+        state = json.loads((out / "training_state.json").read_text())
+        assert state["transformer_weights"] == weights and state["transformer_step"] == 10
+
+
 def test_sigterm_saves_the_step_and_stops(tmp_path):
     import dataclasses
     import os
@@ -194,6 +247,120 @@ def test_shape_contrast_weights_the_values_that_tell_the_shapes_apart():
     assert weight.mean().item() == pytest.approx(1.0)
     assert weight[0, 1, 2, 1, 1] == pytest.approx(9 * weight[0, 0, 0, 0, 0].item())
     assert torch.equal(shape_contrast_weight(z, z, 4.0), torch.ones_like(z))
+
+
+def test_oversize_swap_noises_only_the_forced_samples_and_keeps_the_target():
+    """``forced_swap`` swaps exactly its samples' loss chunks from ``shape_swap_sigma`` up (the
+    shape swap off), an oracle of the captioned clip still has zero loss, and no forced sample
+    leaves the input as without it."""
+    from vidgen.training.transformer import diffusion_forcing_loss
+
+    torch.manual_seed(1)
+    latents, oversize = torch.randn(3, 4, 8, 4, 4), torch.randn(3, 4, 8, 4, 4)
+    text = torch.randn(3, 6, TINY_DIT["model"]["text_dim"])
+    loss_chunks = torch.ones(3, 4, dtype=torch.bool)
+    base = {k: v for k, v in TINY_DIT.items() if k != "model"}
+    config = TransformerTrainConfig(**base, oversize_swap=0.5, shape_swap_sigma=0.3)
+    seen = {}
+
+    def oracle(name):
+        def model(noisy, timestep, text, attention_pattern=None, return_dict=False):
+            sigma = (timestep / 1000.0)[:, None, :, None, None]
+            seen[name] = (noisy.clone(), sigma)
+            return ((noisy - latents) / sigma,)
+
+        return model
+
+    def loss(name, forced):
+        generator = torch.Generator().manual_seed(7)
+        return diffusion_forcing_loss(
+            oracle(name),
+            latents,
+            text,
+            loss_chunks,
+            config,
+            generator,
+            other_shape_latents=oversize,
+            forced_swap=forced,
+        )
+
+    assert float(loss("none", None)) < 1e-8
+    forced = torch.tensor([False, True, False])
+    assert float(loss("forced", forced)) < 1e-8
+    plain, sigma = seen["none"]
+    diff = seen["forced"][0] - plain
+    sigma_chunks = sigma[:, 0, ::2, 0, 0]
+    assert diff[0].abs().max() == 0 and diff[2].abs().max() == 0
+    high = (sigma_chunks[1] >= 0.3) & (sigma_chunks[1] > config.context_sigma_max)
+    assert high.any() and (~high).any()  # this seed gives the forced sample both kinds of chunk
+    for f in range(8):
+        if high[f // 2]:
+            expected = (1 - sigma[1, :, f]) * (oversize[1, :, f] - latents[1, :, f])
+            torch.testing.assert_close(diff[1, :, f], expected, rtol=1e-4, atol=1e-5)
+        else:
+            assert diff[1, :, f].abs().max() == 0
+
+
+def test_oversize_swap_trains_on_larger_copies_of_captioned_samples(autoencoder, tmp_path, monkeypatch):
+    """A run with ``oversize_swap`` 1 (no shape swap) redraws every captioned sample larger, hands
+    the loss its latents as the swap for exactly those samples, forced; a dropped caption keeps its
+    clip. The CLI refuses a scale that does not enlarge (exit 2, one line)."""
+    import subprocess
+    import sys
+
+    import vidgen.training.transformer as trainer
+
+    _, final = autoencoder
+    samples, calls = [], []
+    make, loss = trainer.make_sample, trainer.diffusion_forcing_loss
+
+    def recording_make(rng, config):
+        samples.append(make(rng, config))
+        return samples[-1]
+
+    def recording_loss(model, latents, *args):
+        calls.append((latents.clone(), args[-2].clone(), args[-1], list(samples[-latents.shape[0] :])))
+        return loss(model, latents, *args)
+
+    monkeypatch.setattr(trainer, "make_sample", recording_make)
+    monkeypatch.setattr(trainer, "diffusion_forcing_loss", recording_loss)
+    config = dict(autoencoder=str(final), lr=2e-3, warmup=2, save_every=10, caption_dropout=0.5, **TINY_DIT)
+    run = tmp_path / "run"
+    train_transformer(TransformerTrainConfig(run_dir=str(run), steps=6, oversize_swap=1.0, **config))
+    assert all(np.isfinite(_losses(run))) and len(calls) == 6
+    kinds = set()
+    for latents, swap, forced, batch in calls:
+        for k, sample in enumerate(batch):
+            captioned = bool(sample.text)
+            kinds.add(captioned)
+            assert (sample.oversize_frames is not None) is captioned
+            assert bool(forced[k]) is captioned
+            assert torch.equal(swap[k], latents[k]) is not captioned
+            if captioned:  # the object covers more of the canvas in the larger copy
+                background = sample.frames[:, :1, :1]
+                assert (sample.oversize_frames != background).any(-1).sum() > 2 * (
+                    sample.frames != background
+                ).any(-1).sum()
+    assert kinds == {True, False}
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vidgen",
+            "train",
+            "transformer",
+            "--run-dir",
+            str(tmp_path / "y"),
+            "--oversize-swap",
+            "0.5",
+            "--oversize-scale",
+            "0.8",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert cli.returncode == 2 and "--oversize-scale" in cli.stderr and "Traceback" not in cli.stderr
+    assert len(cli.stderr.strip().splitlines()) == 1
 
 
 def test_samples_carry_the_other_shape_only_when_asked(autoencoder):
@@ -556,7 +723,7 @@ def test_shape_swap_trains_and_swaps_only_captioned_samples(autoencoder, tmp_pat
         return samples[-1]
 
     def recording_loss(model, latents, *args):
-        calls.append((latents.clone(), args[-1].clone(), [s.text for s in samples[-latents.shape[0] :]]))
+        calls.append((latents.clone(), args[-2].clone(), [s.text for s in samples[-latents.shape[0] :]]))
         return loss(model, latents, *args)
 
     monkeypatch.setattr(trainer, "make_sample", recording_make)

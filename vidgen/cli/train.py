@@ -81,8 +81,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     cu.set_defaults(run=_run_curve)
 
     ex = parts.add_parser("export", help="assemble a pipeline folder from trained parts")
+    ex.add_argument("--transformer-run", required=True, help="transformer run folder (its latest checkpoint)")
     ex.add_argument(
-        "--transformer-run", required=True, help="transformer run folder (its EMA weights are used)"
+        "--weights",
+        default="ema",
+        choices=["ema", "raw"],
+        help="the checkpoint's EMA weights, or its raw ones (a branch younger than the EMA's horizon)",
     )
     ex.add_argument("--autoencoder", required=True, help="finalized autoencoder folder")
     ex.add_argument("--out", required=True, help="pipeline folder to write (e.g. vidgen/default_model)")
@@ -110,13 +114,13 @@ def _run_finalize(args: argparse.Namespace) -> int:
 
 def _run_transformer(args: argparse.Namespace) -> int:
     from vidgen.training.configs import TransformerTrainConfig
-    from vidgen.training.transformer import train_transformer
+    from vidgen.training.transformer import check_config, train_transformer
 
     config = _config_from_args(TransformerTrainConfig, args)
-    if config.guidance_scale != 1.0 and not config.guidance_teacher:
-        raise InputError(
-            "--guidance-scale needs --guidance-teacher: the frozen model whose guidance is distilled"
-        )
+    try:
+        check_config(config)
+    except ValueError as err:
+        raise InputError(str(err)) from None
     try:
         train_transformer(config)
     except FileNotFoundError as err:
@@ -178,6 +182,8 @@ def _run_curve(args: argparse.Namespace) -> int:
 def _run_export(args: argparse.Namespace) -> int:
     from vidgen.training.export import export_pipeline
 
-    folder = export_pipeline(args.transformer_run, args.autoencoder, args.out, dtype=args.dtype)
+    folder = export_pipeline(
+        args.transformer_run, args.autoencoder, args.out, dtype=args.dtype, weights=args.weights
+    )
     print(f"wrote {folder}")
     return 0

@@ -331,12 +331,18 @@ def render_clip(
     )
 
 
-def redraw(clip: Clip, size: int | None = None, **changes: str) -> np.ndarray:
+def redraw(clip: Clip, size: int | None = None, *, scale: float = 1.0, **changes: str) -> np.ndarray:
     """The frames of ``clip`` along the same trajectory with attributes changed in every scene
     (e.g. ``shape="square"``): what the video would look like had only those words differed. Every
-    shape of a size has the same bounding box, so the trajectory and its bounces stay valid."""
+    shape of a size has the same bounding box, so the trajectory and its bounces stay valid.
+
+    ``scale`` draws the object that many times its size's side about the same centres (at most
+    the canvas less 2 pixels), cut off where it leaves the canvas: not a Shapes World clip, a
+    picture of a size error (training's ``oversize_swap``)."""
+    if scale <= 0:
+        raise ValueError(f"scale must be positive, got {scale}")
     scenes = [scene.replace(**changes) for scene in clip.scenes]
-    return _draw(scenes, clip.scene_index, clip.centers, size or clip.size, 8)[0]
+    return _draw(scenes, clip.scene_index, clip.centers, size or clip.size, 8, scale)[0]
 
 
 def _start_position(
@@ -431,7 +437,12 @@ def _coverage(
 
 
 def _draw(
-    scenes: Sequence[Scene], scene_index: np.ndarray, centers: np.ndarray, size: int, supersample: int
+    scenes: Sequence[Scene],
+    scene_index: np.ndarray,
+    centers: np.ndarray,
+    size: int,
+    supersample: int,
+    scale: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Frames and coverage masks; coverage is computed only in each object's bounding box."""
     num_frames = len(centers)
@@ -449,7 +460,7 @@ def _draw(
             continue
         shape, size_name = keys[run_start]
         frames_in_run = np.arange(run_start, t)
-        side = SIZES[size_name] * size  # d in pixels
+        side = min(SIZES[size_name] * size * scale, size - 2.0)  # d in pixels
         n = math.ceil(side) + 1  # pixels of the window that holds the object's box
         cx, cy = centers[frames_in_run, 0] * size, centers[frames_in_run, 1] * size
         x0 = np.clip(np.floor(cx - side / 2).astype(np.int64), 0, size - n)

@@ -91,6 +91,17 @@ class TransformerTrainConfig:
     noisy input shows another. Sampling decides the shape there, and an object started as a blob
     otherwise stays a circle (0: off)."""
     shape_swap_sigma: float = 0.5
+    """The noise level from which the swaps (``shape_swap``, ``oversize_swap``) apply."""
+    oversize_swap: float = 0.0
+    """Share of captioned samples whose noised chunks (from ``shape_swap_sigma`` up) start from the
+    clip redrawn ``oversize_scale`` times as large about the same centres, cut off at the canvas
+    edge, while the target stays the captioned clip: the model learns to draw the size the caption
+    allows where its noisy input shows an object far too large. Sampling otherwise commits a first
+    chunk's blurred guess as a giant object across the canvas edge (0: off). These samples take
+    the place of the shape swap and cost one more clip through the encoder each."""
+    oversize_scale: float = 2.5
+    """How many times its side the ``oversize_swap`` clip draws the object (> 1; 2.5 makes a small
+    object larger than a large one)."""
     caption_dropout: float = 0.1
     guidance_scale: float = 1.0
     """Distil classifier-free guidance into the model (1: off). A captioned sample's regression

@@ -18,16 +18,26 @@ from vidgen.pipelines.loading import save_components
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+_WEIGHTS = {"ema": "ema.safetensors", "raw": "model.safetensors"}
+
+
 def export_pipeline(
-    transformer_run: str | Path, autoencoder: str | Path, out: str | Path, dtype: str = "float16"
+    transformer_run: str | Path,
+    autoencoder: str | Path,
+    out: str | Path,
+    dtype: str = "float16",
+    weights: str = "ema",
 ) -> Path:
-    """Write ``out`` with the transformer run's EMA weights (stored in ``dtype``; the pipeline loads
-    them in its runtime dtype), the finalized autoencoder and the default preset as ``vidgen.toml``.
-    A ``MODEL_CARD.md`` already in ``out`` is kept."""
+    """Write ``out`` with the transformer run's ``weights`` (``ema``, or ``raw``: the weights of the
+    step itself, for a branch younger than the EMA's horizon), stored in ``dtype`` (the pipeline
+    loads them in its runtime dtype), the finalized autoencoder and the default preset as
+    ``vidgen.toml``. A ``MODEL_CARD.md`` already in ``out`` is kept."""
+    if weights not in _WEIGHTS:
+        raise ValueError(f"weights must be one of {sorted(_WEIGHTS)}, got {weights!r}")
     latest = Path(transformer_run) / "latest"
     state = json.loads((latest / "state.json").read_text())
     transformer = CausalWanTransformer.from_config(CausalWanTransformer.load_config(latest))
-    transformer.load_state_dict(load_file(str(latest / "ema.safetensors")))
+    transformer.load_state_dict(load_file(str(latest / _WEIGHTS[weights])))
     vae = AutoencoderKLLite.from_pretrained(str(autoencoder))
     config = load_config("default")
     train = state["config"]
@@ -49,7 +59,11 @@ def export_pipeline(
     save_components(out, *stored, text_encoder, config)
     (out / "training_state.json").write_text(
         json.dumps(
-            {"transformer_step": state["step"], "transformer_wall_hours": state["wall_seconds"] / 3600},
+            {
+                "transformer_step": state["step"],
+                "transformer_wall_hours": state["wall_seconds"] / 3600,
+                "transformer_weights": weights,
+            },
             indent=1,
         )
     )

@@ -48,6 +48,7 @@ class Sample:
     previous_text: str
     loss_chunks: list[bool]
     other_shape_frames: np.ndarray | None = None  # the same frames with another shape (shape_contrast)
+    oversize_frames: np.ndarray | None = None  # the same frames with the object far too large (oversize_swap)
 
 
 def _video_frames_of_latent(index: int) -> tuple[int, int]:
@@ -125,6 +126,11 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         text = previous = captions.caption(new, rng, paraphrase=True)
     if rng.random() < config.caption_dropout:
         text = previous = ""
+    oversize_frames = None
+    # drawn only when asked (a run without it keeps its random stream), for captioned samples: a
+    # dropped caption names no size
+    if config.oversize_swap > 0 and text and rng.random() < config.oversize_swap:
+        oversize_frames = world.redraw(clip, config.size, scale=config.oversize_scale)[picked]
     if change_latent is None:
         loss_chunks = [True] * num_chunks
     else:
@@ -136,6 +142,7 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         previous_text=previous,
         loss_chunks=loss_chunks,
         other_shape_frames=other_shape_frames,
+        oversize_frames=oversize_frames,
     )
 
 
@@ -222,6 +229,7 @@ def diffusion_forcing_loss(
     guidance: GuidanceTeacher | None = None,
     guidance_where: torch.Tensor | None = None,
     other_shape_latents: torch.Tensor | None = None,
+    forced_swap: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Flow-matching loss with an independent noise level per chunk, block-causal attention;
     ``object_weight`` (B, F, h, w) weights the latent cells of the object, or (B, C, F, h, w) each
@@ -231,7 +239,8 @@ def diffusion_forcing_loss(
     With ``other_shape_latents`` (the clip redrawn with another shape) and ``config.shape_swap``,
     a share of the samples noise those latents instead on their loss chunks at sigma >=
     ``config.shape_swap_sigma``; the target stays the one whose clean estimate ``noisy - sigma *
-    target`` is the captioned clip's latents."""
+    target`` is the captioned clip's latents. ``forced_swap`` (B,) bool swaps those samples
+    whatever the draw (their ``other_shape_latents`` hold the ``oversize_swap`` clip)."""
     batch, _, frames, height, width = latents.shape
     c = config.chunk_frames
     num_chunks = frames // c
@@ -249,9 +258,11 @@ def diffusion_forcing_loss(
     s = sigma_frames[:, None, :, None, None]
     noisy = (1 - s) * latents + s * noise
     target = noise - latents
-    if other_shape_latents is not None and config.shape_swap > 0:
+    if other_shape_latents is not None and (config.shape_swap > 0 or forced_swap is not None):
         # drawn after the noise: a run without the swap keeps its random stream
         swapped = torch.rand(batch, generator=generator) < config.shape_swap
+        if forced_swap is not None:
+            swapped = swapped | forced_swap
         where = swapped[:, None] & ~context_mask & (sigma >= config.shape_swap_sigma)  # (B, chunks)
         w = where.repeat_interleave(c, dim=1)[:, None, :, None, None]
         noisy = torch.where(w, (1 - s) * other_shape_latents + s * noise, noisy)
@@ -317,11 +328,18 @@ def _parameter_groups(model: CausalWanTransformer, config: TransformerTrainConfi
     ]
 
 
-def train_transformer(config: TransformerTrainConfig) -> Path:
+def check_config(config: TransformerTrainConfig) -> None:
+    """Raise ValueError, in one line, for settings that cannot train."""
     if config.guidance_scale != 1.0 and not config.guidance_teacher:
         raise ValueError(
             "--guidance-scale needs --guidance-teacher: the frozen model whose guidance is distilled"
         )
+    if config.oversize_swap > 0 and config.oversize_scale <= 1:
+        raise ValueError(f"--oversize-scale must be above 1 (a larger object), got {config.oversize_scale}")
+
+
+def train_transformer(config: TransformerTrainConfig) -> Path:
+    check_config(config)
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
@@ -368,10 +386,16 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
                 video = torch.cat(
                     [video, torch.stack([clip_to_tensor(s.other_shape_frames) for s in samples])]
                 )
+            oversized = [k for k, s in enumerate(samples) if s.oversize_frames is not None]
+            if oversized:  # and the oversize swaps'
+                video = torch.cat(
+                    [video, torch.stack([clip_to_tensor(samples[k].oversize_frames) for k in oversized])]
+                )
             # bf16 halves the encoder's time; the latents then get noise far above its rounding
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
                 latents = vae.encode(video).latent_dist.mode().float()
             latents = (latents - mean) / std
+            latents, oversize_latents = latents.split([len(latents) - len(oversized), len(oversized)])
             other_shape_latents = None
             if other_shape:
                 latents, other_shape_latents = latents.chunk(2)
@@ -391,6 +415,12 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
             # a sample without a caption has no shape to draw: its swap is the clip itself
             captioned = torch.tensor([bool(s.text) for s in samples])[:, None, None, None, None]
             swap_latents = torch.where(captioned, other_shape_latents, latents)
+        forced_swap = None
+        if oversized:  # these samples swap to the oversize clip instead (all captioned)
+            swap_latents = (latents if swap_latents is None else swap_latents).clone()
+            swap_latents[oversized] = oversize_latents
+            forced_swap = torch.zeros(len(samples), dtype=torch.bool)
+            forced_swap[oversized] = True
         guidance_where = None
         if guidance is not None and config.guidance_region == "object":
             guidance_where = latent_object_weight(masks, temporal, spatial, 1.0) > 1.0
@@ -408,6 +438,7 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
                 guidance,
                 guidance_where,
                 swap_latents,
+                forced_swap,
             )
         if not run.update(loss, data_s=round(data_seconds, 3), step_s=round(step_seconds, 3)):
             break
