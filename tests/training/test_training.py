@@ -301,13 +301,9 @@ def test_oversize_swap_noises_only_the_forced_samples_and_keeps_the_target():
             assert diff[1, :, f].abs().max() == 0
 
 
-def test_oversize_swap_trains_on_larger_copies_of_captioned_samples(autoencoder, tmp_path, monkeypatch):
-    """A run with ``oversize_swap`` 1 (no shape swap) redraws every captioned sample larger, hands
-    the loss its latents as the swap for exactly those samples, forced; a dropped caption keeps its
-    clip. The CLI refuses a scale that does not enlarge (exit 2, one line)."""
-    import subprocess
-    import sys
-
+def _train_recording_swaps(autoencoder, tmp_path, monkeypatch, **swap):
+    """Train 6 tiny steps (half the captions dropped) with ``swap`` settings; return, per step, the
+    loss's clean latents, swap latents and forced-swap mask, and the step's samples."""
     import vidgen.training.transformer as trainer
 
     _, final = autoencoder
@@ -326,8 +322,19 @@ def test_oversize_swap_trains_on_larger_copies_of_captioned_samples(autoencoder,
     monkeypatch.setattr(trainer, "diffusion_forcing_loss", recording_loss)
     config = dict(autoencoder=str(final), lr=2e-3, warmup=2, save_every=10, caption_dropout=0.5, **TINY_DIT)
     run = tmp_path / "run"
-    train_transformer(TransformerTrainConfig(run_dir=str(run), steps=6, oversize_swap=1.0, **config))
+    train_transformer(TransformerTrainConfig(run_dir=str(run), steps=6, **swap, **config))
     assert all(np.isfinite(_losses(run))) and len(calls) == 6
+    return calls
+
+
+def test_oversize_swap_trains_on_larger_copies_of_captioned_samples(autoencoder, tmp_path, monkeypatch):
+    """A run with ``oversize_swap`` 1 (no shape swap) redraws every captioned sample larger, hands
+    the loss its latents as the swap for exactly those samples, forced; a dropped caption keeps its
+    clip. The CLI refuses a scale that does not enlarge (exit 2, one line)."""
+    import subprocess
+    import sys
+
+    calls = _train_recording_swaps(autoencoder, tmp_path, monkeypatch, oversize_swap=1.0)
     kinds = set()
     for latents, swap, forced, batch in calls:
         for k, sample in enumerate(batch):
@@ -712,29 +719,10 @@ def test_shape_swap_trains_and_swaps_only_captioned_samples(autoencoder, tmp_pat
     """A run with ``shape_swap`` renders and encodes the other shape (no shape contrast asked) and
     hands the loss the other shape's latents for captioned samples, the clip's own for a sample
     whose caption was dropped (it names no shape to draw)."""
-    import vidgen.training.transformer as trainer
-
-    _, final = autoencoder
-    samples, calls = [], []
-    make, loss = trainer.make_sample, trainer.diffusion_forcing_loss
-
-    def recording_make(rng, config):
-        samples.append(make(rng, config))
-        return samples[-1]
-
-    def recording_loss(model, latents, *args):
-        calls.append((latents.clone(), args[-2].clone(), [s.text for s in samples[-latents.shape[0] :]]))
-        return loss(model, latents, *args)
-
-    monkeypatch.setattr(trainer, "make_sample", recording_make)
-    monkeypatch.setattr(trainer, "diffusion_forcing_loss", recording_loss)
-    config = dict(autoencoder=str(final), lr=2e-3, warmup=2, save_every=10, caption_dropout=0.5, **TINY_DIT)
-    run = tmp_path / "run"
-    train_transformer(TransformerTrainConfig(run_dir=str(run), steps=6, shape_swap=1.0, **config))
-    assert all(np.isfinite(_losses(run))) and len(calls) == 6
+    calls = _train_recording_swaps(autoencoder, tmp_path, monkeypatch, shape_swap=1.0)
     kinds = set()
-    for latents, swap, texts in calls:
-        for k, text in enumerate(texts):
+    for latents, swap, _, batch in calls:
+        for k, text in enumerate(s.text for s in batch):
             kinds.add(bool(text))
             same = torch.equal(swap[k], latents[k])
             assert same is not bool(text)  # captioned: another shape; dropped: the clip itself
