@@ -225,6 +225,55 @@ def failures(pipe, prompts: int = 12, seconds: float = 5.0) -> None:
     print("frames passing by second: " + " ".join(f"{x:.0%}" for x in by_second))
 
 
+def windows(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0) -> None:
+    """Why 1-second windows fail rules 6 and 8 on held-out prompts (the 20 of `vidgen eval
+    --held-out 20`): for motion, the measured median speed over the required one; for reversals
+    away from a wall, the axis, the named shape, and whether the drawn shape changed within 3
+    frames of the turn (a triangle's mask centroid sits below its box centre, so a flicker between
+    shapes moves the centroid without the object moving)."""
+    num_frames = 1 + 4 * round(seconds * world.FPS / 4)
+    total = motion = reversal = 0
+    ratios: list[float] = []
+    bad: dict[tuple[str, str], int] = {}
+    flicker = 0
+    bad_count = 0
+    for k, prompt in enumerate(held_out_prompts(prompts, seed=seed)):
+        frames = _frames(pipe, prompt, num_frames, seed=k)
+        report = evaluate_video(frames, prompt)
+        shapes_drawn = [r.shape for r in report.frames]
+        spec = parse_prompt(prompt)
+        for w in report.windows:
+            total += 1
+            if not w.motion_ok:
+                motion += 1
+                ratios.append(w.median_speed / w.required_speed if w.required_speed else float("nan"))
+            if not w.reversal_ok:
+                reversal += 1
+            for r in w.reversals:
+                if r.ok:
+                    continue
+                bad_count += 1
+                key = (r.axis, spec.shape or "?")
+                bad[key] = bad.get(key, 0) + 1
+                near = shapes_drawn[max(0, r.span[0] - 3) : r.span[1] + 4]
+                flicker += len({s for s in near if s is not None}) > 1
+        print(
+            f"{k:3d} windows passing {report.window_pass_rate:4.0%}  motion fails "
+            f"{sum(not w.motion_ok for w in report.windows)}  reversal fails "
+            f"{sum(not w.reversal_ok for w in report.windows)}  {prompt}"
+        )
+    print(f"windows: {total}, failing motion {motion}, failing reversal {reversal}")
+    if ratios:
+        q = np.nanpercentile(ratios, [10, 50, 90])
+        print(f"motion failures, measured / required speed: p10 {q[0]:.2f} median {q[1]:.2f} p90 {q[2]:.2f}")
+    if bad_count:
+        print(
+            f"reversals away from a wall: {bad_count}; drawn shape changing within 3 frames: {flicker / bad_count:.0%}"
+        )
+        for (axis, shape), n in sorted(bad.items()):
+            print(f"  axis {axis}, named {shape}: {n}")
+
+
 def shapes(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0, clips: int = 36) -> None:
     """Which shape is drawn for which named shape, by size: on the 10-s videos of ``vidgen eval
     --held-out PROMPTS --seed SEED`` (its prompts), and on ground-truth clips through
@@ -266,7 +315,8 @@ def shapes(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0, clips:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument(
-        "check", choices=["shape-word", "probe", "steps", "autoencoder", "overfit", "failures", "shapes"]
+        "check",
+        choices=["shape-word", "probe", "steps", "autoencoder", "overfit", "failures", "shapes", "windows"],
     )
     parser.add_argument("--model", help="pipeline folder (default: the embedded model)")
     parser.add_argument("--transformer", help="a transformer folder to probe instead")
@@ -279,7 +329,7 @@ def main() -> None:
     if args.check == "overfit":
         return overfit(pipe, args.run)
     checks = {"shape-word": shape_word, "probe": probe, "steps": steps, "autoencoder": autoencoder}
-    {**checks, "failures": failures, "shapes": shapes}[args.check](pipe)
+    {**checks, "failures": failures, "shapes": shapes, "windows": windows}[args.check](pipe)
 
 
 if __name__ == "__main__":

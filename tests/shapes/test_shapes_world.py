@@ -238,3 +238,19 @@ def test_redraw_scale_draws_a_larger_object_about_the_same_centres_cut_at_the_ed
     assert columns.min() == 0 and columns.max() < size // 2
     with pytest.raises(ValueError, match="scale"):
         redraw(walled, scale=0.0)
+
+
+def test_redraw_centers_draws_the_object_where_it_was_earlier():
+    """``redraw(centers=...)`` with the trajectory delayed by k frames gives, at frame t, exactly the
+    clip's frame t - k (frame 0 for the first k); a wrong shape of ``centers`` raises."""
+    scene = Scene("gray", "blue", "triangle", "medium", "fast", "down-left")
+    clip = render_clip(scene, 24, size=48, rng=4)
+    k = 5
+    behind = clip.centers[np.maximum(np.arange(24) - k, 0)]
+    lagged = redraw(clip, centers=behind)
+    np.testing.assert_array_equal(lagged[k:], clip.frames[:-k])
+    for t in range(k):
+        np.testing.assert_array_equal(lagged[t], clip.frames[0])
+    assert not np.array_equal(lagged[k:], clip.frames[k:])  # the object did move
+    with pytest.raises(ValueError, match="centers"):
+        redraw(clip, centers=behind[:-1])

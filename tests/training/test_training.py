@@ -10,7 +10,7 @@ from tests.tiny import TINY_TRANSFORMER
 from vidgen.training.autoencoder import finalize_autoencoder, train_autoencoder
 from vidgen.training.configs import AutoencoderTrainConfig, TransformerTrainConfig
 from vidgen.training.loop import cosine_lr
-from vidgen.training.transformer import make_sample, train_transformer
+from vidgen.training.transformer import check_config, make_sample, train_transformer
 
 TINY_AE = dict(size=32, num_frames=5, batch_size=4, z_dim=4, hidden_channels=16, eval_clips=2, log_every=5)
 TINY_DIT = dict(
@@ -727,3 +727,84 @@ def test_shape_swap_trains_and_swaps_only_captioned_samples(autoencoder, tmp_pat
             same = torch.equal(swap[k], latents[k])
             assert same is not bool(text)  # captioned: another shape; dropped: the clip itself
     assert kinds == {True, False}
+
+
+def test_shape_weights_draw_the_samples_shapes_in_proportion(autoencoder, tmp_path):
+    """``shape_weights`` sets the shares of circles, squares and triangles among the samples (read
+    back from their captions); an empty value keeps the uniform draw and its random stream; the CLI
+    refuses a malformed value (exit 2, one line)."""
+    import subprocess
+    import sys
+
+    from vidgen.shapes.prompts import parse_prompt
+
+    _, final = autoencoder
+    plain = dict(
+        autoencoder=str(final), transition_prob=0.0, late_appearance_prob=0.0, gap_change_prob=0.0,
+        caption_dropout=0.0, **TINY_DIT,
+    )  # fmt: skip
+
+    def shares(weights: str, count: int = 480) -> dict[str, float]:
+        config = TransformerTrainConfig(shape_weights=weights, **plain)
+        rng = np.random.default_rng(7)
+        shapes = [parse_prompt(make_sample(rng, config).text).shape for _ in range(count)]
+        return {s: shapes.count(s) / count for s in ("circle", "square", "triangle")}
+
+    assert shares("0:0:1", 40) == {"circle": 0.0, "square": 0.0, "triangle": 1.0}
+    skewed = shares("1:1:2")
+    assert abs(skewed["triangle"] - 0.5) < 0.08 and abs(skewed["circle"] - 0.25) < 0.08, skewed  # ~3.5 sd
+    uniform = shares("")
+    assert abs(uniform["triangle"] - 1 / 3) < 0.08 and abs(uniform["circle"] - 1 / 3) < 0.08, uniform
+    a = make_sample(np.random.default_rng(3), TransformerTrainConfig(**plain))
+    b = make_sample(np.random.default_rng(3), TransformerTrainConfig(shape_weights="", **plain))
+    np.testing.assert_array_equal(a.frames, b.frames)
+    for bad in ("1:1", "1:-1:2", "0:0:0", "a:b:c"):
+        with pytest.raises(ValueError, match="--shape-weights"):
+            check_config(TransformerTrainConfig(shape_weights=bad, **plain))
+    cli = subprocess.run(
+        [sys.executable, "-m", "vidgen", "train", "transformer", "--run-dir", str(tmp_path / "y"),
+         "--shape-weights", "1:2"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert cli.returncode == 2 and "--shape-weights" in cli.stderr and "Traceback" not in cli.stderr
+    assert len(cli.stderr.strip().splitlines()) == 1
+
+
+def test_lag_swap_trains_on_lagging_copies_of_captioned_samples(autoencoder, tmp_path, monkeypatch):
+    """A run with ``lag_swap`` 1 redraws every captioned sample with the object some frames behind
+    (the same object: as many pixels, drawn elsewhere), hands the loss its latents as the swap for
+    exactly those samples, forced; a dropped caption keeps its clip; with ``oversize_swap`` 1 too
+    the oversize swap takes precedence. The CLI refuses a lag under one frame (exit 2, one line)."""
+    import subprocess
+    import sys
+
+    calls = _train_recording_swaps(autoencoder, tmp_path, monkeypatch, lag_swap=1.0, lag_frames=8)
+    kinds = set()
+    for latents, swap, forced, batch in calls:
+        for k, sample in enumerate(batch):
+            captioned = bool(sample.text)
+            kinds.add(captioned)
+            assert (sample.lag_frames is not None) is captioned and sample.oversize_frames is None
+            assert bool(forced[k]) is captioned
+            assert torch.equal(swap[k], latents[k]) is not captioned
+            if captioned:
+                background = sample.frames[:, :1, :1]
+                drawn, lagged = (
+                    (sample.frames != background).any(-1),
+                    (sample.lag_frames != background).any(-1),
+                )
+                assert abs(int(lagged[-1].sum()) - int(drawn[-1].sum())) <= 0.15 * drawn[-1].sum() + 4
+                assert not np.array_equal(sample.frames[-1], sample.lag_frames[-1])  # 4-8 frames behind
+    assert kinds == {True, False}
+    both = _train_recording_swaps(
+        autoencoder, tmp_path / "both", monkeypatch, lag_swap=1.0, oversize_swap=1.0
+    )  # fmt: skip
+    for _, _, _, batch in both:
+        assert all(s.lag_frames is None and (s.oversize_frames is not None) is bool(s.text) for s in batch)
+    cli = subprocess.run(
+        [sys.executable, "-m", "vidgen", "train", "transformer", "--run-dir", str(tmp_path / "y"),
+         "--lag-swap", "0.5", "--lag-frames", "0"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert cli.returncode == 2 and "--lag-frames" in cli.stderr and "Traceback" not in cli.stderr
+    assert len(cli.stderr.strip().splitlines()) == 1

@@ -331,18 +331,34 @@ def render_clip(
     )
 
 
-def redraw(clip: Clip, size: int | None = None, *, scale: float = 1.0, **changes: str) -> np.ndarray:
+def redraw(
+    clip: Clip,
+    size: int | None = None,
+    *,
+    scale: float = 1.0,
+    centers: np.ndarray | None = None,
+    **changes: str,
+) -> np.ndarray:
     """The frames of ``clip`` along the same trajectory with attributes changed in every scene
     (e.g. ``shape="square"``): what the video would look like had only those words differed. Every
     shape of a size has the same bounding box, so the trajectory and its bounces stay valid.
 
     ``scale`` draws the object that many times its size's side about the same centres (at most
     the canvas less 2 pixels), cut off where it leaves the canvas: not a Shapes World clip, a
-    picture of a size error (training's ``oversize_swap``)."""
+    picture of a size error (training's ``oversize_swap``).
+
+    ``centers`` (T, 2), fractions of S, draws the object there instead of along the clip's
+    trajectory (e.g. where it was some frames earlier: training's ``lag_swap``)."""
     if scale <= 0:
         raise ValueError(f"scale must be positive, got {scale}")
+    if centers is None:
+        centers = clip.centers
+    elif np.shape(centers) != clip.centers.shape:
+        raise ValueError(f"centers must have shape {clip.centers.shape}, got {np.shape(centers)}")
     scenes = [scene.replace(**changes) for scene in clip.scenes]
-    return _draw(scenes, clip.scene_index, clip.centers, size or clip.size, 8, scale)[0]
+    return _draw(
+        scenes, clip.scene_index, np.asarray(centers, dtype=np.float64), size or clip.size, 8, scale
+    )[0]
 
 
 def _start_position(

@@ -102,6 +102,20 @@ class TransformerTrainConfig:
     oversize_scale: float = 2.5
     """How many times its side the ``oversize_swap`` clip draws the object (> 1; 2.5 makes a small
     object larger than a large one)."""
+    lag_swap: float = 0.0
+    """Share of the captioned samples without an oversize swap whose noised chunks (from
+    ``shape_swap_sigma`` up) start from the clip redrawn with the object where it was 1/2 to 1 times
+    ``lag_frames`` video frames earlier, while the target stays the captioned clip: the model learns
+    to carry the object on at its speed where its noisy input shows it lagging behind. A sampler's
+    blurred early guess sits near the last known position, and a model that follows it slows the
+    object down and leaves it stuck at walls (0: off). These samples take the place of the shape
+    swap and cost one more clip through the encoder each."""
+    lag_frames: int = 8
+    """The largest lag of ``lag_swap``, in video frames (>= 1; 8 is half a second)."""
+    shape_weights: str = ""
+    """Relative weights of the shapes a sample's (first) scene is drawn with, ``circle:square:triangle``
+    (e.g. ``1:1:2`` makes half the samples triangles; empty: uniform). For a shape the model draws
+    as another: more of its samples, more of the gradient. Prompt changes keep uniform draws."""
     caption_dropout: float = 0.1
     guidance_scale: float = 1.0
     """Distil classifier-free guidance into the model (1: off). A captioned sample's regression

@@ -49,6 +49,12 @@ class Sample:
     loss_chunks: list[bool]
     other_shape_frames: np.ndarray | None = None  # the same frames with another shape (shape_contrast)
     oversize_frames: np.ndarray | None = None  # the same frames with the object far too large (oversize_swap)
+    lag_frames: np.ndarray | None = None  # the same frames with the object some frames behind (lag_swap)
+
+    @property
+    def forced_swap_frames(self) -> np.ndarray | None:
+        """The frames a forced swap noises instead (oversize or lag), if any."""
+        return self.oversize_frames if self.oversize_frames is not None else self.lag_frames
 
 
 def _video_frames_of_latent(index: int) -> tuple[int, int]:
@@ -81,6 +87,10 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
     total_frames = _video_frames_of_latent(latent_indices[-1])[1]
 
     scene = world.sample_scene(rng)
+    if config.shape_weights:  # drawn only when asked: a run without it keeps its random stream
+        scene = scene.replace(
+            shape=str(rng.choice(world.SHAPES, p=shape_probabilities(config.shape_weights)))
+        )
     kind = rng.choice(
         ["plain", "transition", "late", "gap"],
         p=_kind_probabilities(config, gap),
@@ -131,6 +141,11 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
     # dropped caption names no size
     if config.oversize_swap > 0 and text and rng.random() < config.oversize_swap:
         oversize_frames = world.redraw(clip, config.size, scale=config.oversize_scale)[picked]
+    lag_frames = None
+    if config.lag_swap > 0 and text and oversize_frames is None and rng.random() < config.lag_swap:
+        lag = int(rng.integers((config.lag_frames + 1) // 2, config.lag_frames + 1))
+        behind = clip.centers[np.maximum(np.arange(len(clip.centers)) - lag, 0)]
+        lag_frames = world.redraw(clip, config.size, centers=behind)[picked]
     if change_latent is None:
         loss_chunks = [True] * num_chunks
     else:
@@ -143,6 +158,7 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         loss_chunks=loss_chunks,
         other_shape_frames=other_shape_frames,
         oversize_frames=oversize_frames,
+        lag_frames=lag_frames,
     )
 
 
@@ -240,7 +256,7 @@ def diffusion_forcing_loss(
     a share of the samples noise those latents instead on their loss chunks at sigma >=
     ``config.shape_swap_sigma``; the target stays the one whose clean estimate ``noisy - sigma *
     target`` is the captioned clip's latents. ``forced_swap`` (B,) bool swaps those samples
-    whatever the draw (their ``other_shape_latents`` hold the ``oversize_swap`` clip)."""
+    whatever the draw (their ``other_shape_latents`` hold the ``oversize_swap`` or ``lag_swap`` clip)."""
     batch, _, frames, height, width = latents.shape
     c = config.chunk_frames
     num_chunks = frames // c
@@ -328,14 +344,39 @@ def _parameter_groups(model: CausalWanTransformer, config: TransformerTrainConfi
     ]
 
 
+def shape_probabilities(weights: str) -> np.ndarray:
+    """``circle:square:triangle`` relative weights (``--shape-weights``) as probabilities over
+    ``world.SHAPES``; ValueError, in one line, for anything else."""
+    parts = weights.split(":")
+    try:
+        values = np.array([float(p) for p in parts])
+    except ValueError:
+        values = np.array([])
+    if (
+        len(values) != len(world.SHAPES)
+        or not np.all(np.isfinite(values))
+        or (values < 0).any()
+        or values.sum() <= 0
+    ):
+        raise ValueError(
+            f"--shape-weights takes {len(world.SHAPES)} non-negative numbers, not all 0, as "
+            f"{':'.join(world.SHAPES)} (e.g. 1:1:2), got {weights!r}"
+        )
+    return values / values.sum()
+
+
 def check_config(config: TransformerTrainConfig) -> None:
     """Raise ValueError, in one line, for settings that cannot train."""
+    if config.shape_weights:
+        shape_probabilities(config.shape_weights)
     if config.guidance_scale != 1.0 and not config.guidance_teacher:
         raise ValueError(
             "--guidance-scale needs --guidance-teacher: the frozen model whose guidance is distilled"
         )
     if config.oversize_swap > 0 and config.oversize_scale <= 1:
         raise ValueError(f"--oversize-scale must be above 1 (a larger object), got {config.oversize_scale}")
+    if config.lag_swap > 0 and config.lag_frames < 1:
+        raise ValueError(f"--lag-frames must be at least 1 (video frames of lag), got {config.lag_frames}")
 
 
 def train_transformer(config: TransformerTrainConfig) -> Path:
@@ -386,16 +427,16 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
                 video = torch.cat(
                     [video, torch.stack([clip_to_tensor(s.other_shape_frames) for s in samples])]
                 )
-            oversized = [k for k, s in enumerate(samples) if s.oversize_frames is not None]
-            if oversized:  # and the oversize swaps'
+            forced = [k for k, s in enumerate(samples) if s.forced_swap_frames is not None]
+            if forced:  # and the oversize and lag swaps'
                 video = torch.cat(
-                    [video, torch.stack([clip_to_tensor(samples[k].oversize_frames) for k in oversized])]
+                    [video, torch.stack([clip_to_tensor(samples[k].forced_swap_frames) for k in forced])]
                 )
             # bf16 halves the encoder's time; the latents then get noise far above its rounding
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
                 latents = vae.encode(video).latent_dist.mode().float()
             latents = (latents - mean) / std
-            latents, oversize_latents = latents.split([len(latents) - len(oversized), len(oversized)])
+            latents, forced_latents = latents.split([len(latents) - len(forced), len(forced)])
             other_shape_latents = None
             if other_shape:
                 latents, other_shape_latents = latents.chunk(2)
@@ -416,11 +457,11 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
             captioned = torch.tensor([bool(s.text) for s in samples])[:, None, None, None, None]
             swap_latents = torch.where(captioned, other_shape_latents, latents)
         forced_swap = None
-        if oversized:  # these samples swap to the oversize clip instead (all captioned)
+        if forced:  # these samples swap to the oversize or lag clip instead (all captioned)
             swap_latents = (latents if swap_latents is None else swap_latents).clone()
-            swap_latents[oversized] = oversize_latents
+            swap_latents[forced] = forced_latents
             forced_swap = torch.zeros(len(samples), dtype=torch.bool)
-            forced_swap[oversized] = True
+            forced_swap[forced] = True
         guidance_where = None
         if guidance is not None and config.guidance_region == "object":
             guidance_where = latent_object_weight(masks, temporal, spatial, 1.0) > 1.0
