@@ -132,6 +132,69 @@ def run_video(pipe, prompt: Prompt, seconds: float, seed: int) -> tuple[VideoRes
     return result, video, report
 
 
+PER_VIDEO = "per_video"
+"""The key of a report's per-video records (``{set name: [record, ...]}``), beside the summaries."""
+
+COMPARED = ("frame_pass_rate", "shape_right_rate", "window_pass_rate", "adheres")
+"""What ``compare_reports`` pairs, video by video."""
+
+
+def video_record(result: VideoResult) -> dict[str, object]:
+    """One video's verdicts for the report (what ``compare_reports`` pairs), without the per-chunk
+    drift trace."""
+    record = asdict(result)
+    record.pop("drift")
+    return record
+
+
+def _read_records(report: str | Path | dict) -> dict[tuple[str, str, int, float], dict]:
+    """A report's per-video records keyed by (set, prompt, seed, seconds); ``report`` is a
+    ``report.json``, the folder holding one, or the loaded dict."""
+    if not isinstance(report, dict):
+        path = Path(report)
+        path = path / "report.json" if path.is_dir() else path
+        try:
+            report = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"no report at {path}: run `vidgen eval --out-dir` first") from None
+    sets = report.get(PER_VIDEO)
+    if not sets:
+        raise ValueError("the report has no per-video records (written by vidgen eval since 2026-12-03)")
+    records = {}
+    for name, videos in sets.items():
+        for v in videos:
+            records[(name, json.dumps(v["prompt"]), int(v["seed"]), float(v["seconds"]))] = v
+    return records
+
+
+def compare_reports(
+    base: Sequence[str | Path | dict], new: Sequence[str | Path | dict]
+) -> dict[str, dict[str, float | int]]:
+    """Paired comparison of two models evaluated on the same videos (same prompts, seeds and
+    lengths): per metric of ``COMPARED``, the mean of the per-video differences ``new - base``,
+    its standard error and the number of pairs. Each side is one or more reports, pooled; videos
+    present on one side only are left out, and no common video is a ValueError.
+
+    Pairing removes the spread between prompts (some are easy for every model), which dominates
+    the spread of a set's mean: two checkpoints' set means can differ by 5 points by chance while
+    their paired difference has a standard error of about 2."""
+    a: dict = {}
+    b: dict = {}
+    for report in base:
+        a.update(_read_records(report))
+    for report in new:
+        b.update(_read_records(report))
+    common = [k for k in a if k in b]
+    if not common:
+        raise ValueError("the two sides share no video (same prompts, seeds and lengths): nothing to pair")
+    out: dict[str, dict[str, float | int]] = {}
+    for metric in COMPARED:
+        d = np.array([float(b[k][metric]) - float(a[k][metric]) for k in common])
+        se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+        out[metric] = {"mean_difference": float(d.mean()), "standard_error": se, "pairs": len(d)}
+    return out
+
+
 def summarize(results: Sequence[VideoResult]) -> dict[str, object]:
     if not results:
         return {}
@@ -220,6 +283,7 @@ def evaluate_model(
     if out:
         out.mkdir(parents=True, exist_ok=True)
     report: dict[str, object] = {}
+    per_video: dict[str, list[dict[str, object]]] = {}
 
     def run_set(
         name: str, items: Sequence[Prompt], length: float, plot: bool, pipe_=pipe
@@ -235,6 +299,7 @@ def evaluate_model(
             )
             if plot and out:
                 plot_long_video(video_report, result, out / f"{name}_{i:03d}.png")
+        per_video[name] = [video_record(r) for r in results]
         return results
 
     if prompts:
@@ -252,6 +317,7 @@ def evaluate_model(
                 )
             finally:
                 pipe.config = base_config
+    report[PER_VIDEO] = per_video
     if out:
         (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     return report

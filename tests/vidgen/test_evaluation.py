@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests.tiny import tiny_components
 from vidgen import evaluation
@@ -54,9 +55,69 @@ def test_evaluate_model_with_a_tiny_pipeline(tmp_path):
     # a random model follows no prompt: the harness must say so, not crash
     assert report["short"]["adherence_rate"] == 0.0
     assert report["storyboards"]["changes"] == 1
-    assert set(report) == {"short", "storyboards", "long", "long_no_anchor"}
+    assert set(report) == {"short", "storyboards", "long", "long_no_anchor", "per_video"}
     assert (tmp_path / "long_000.png").is_file()
-    assert json.loads((tmp_path / "report.json").read_text())["long"]["videos"] == 1
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert written["long"]["videos"] == 1
+    # one record per video and set, carrying what the summaries average
+    videos = written["per_video"]
+    assert {k: len(v) for k, v in videos.items()} == {
+        "short": 1, "storyboard": 1, "long": 1, "long_no_anchor": 1
+    }  # fmt: skip
+    for name, summary in (("short", "short"), ("storyboard", "storyboards"), ("long", "long")):
+        assert videos[name][0]["frame_pass_rate"] == written[summary]["frame_pass_rate"]
+        assert "drift" not in videos[name][0]
+    assert videos["storyboard"][0]["prompt"][1] == [1.0, "a blue circle moving left on a black background"]
+    # the same videos compare to themselves with no difference
+    same = evaluation.compare_reports([tmp_path], [tmp_path / "report.json"])
+    assert same["frame_pass_rate"]["mean_difference"] == 0.0 and same["frame_pass_rate"]["pairs"] == 4
+
+
+def _report(frames_by_video: dict[tuple[str, int], float], shape: float = 0.5) -> dict:
+    return {
+        "per_video": {
+            "short": [
+                {"prompt": prompt, "seed": seed, "seconds": 8.0, "frame_pass_rate": rate,
+                 "shape_right_rate": shape, "window_pass_rate": 0.5, "adheres": False}
+                for (prompt, seed), rate in frames_by_video.items()
+            ]
+        }
+    }  # fmt: skip
+
+
+def test_compare_reports_pairs_videos_by_prompt_and_seed(tmp_path):
+    """The paired difference is the mean of per-video differences over the videos both sides have
+    (matched by prompt and seed, whatever their order), with its standard error; pooled reports
+    add their videos; nothing in common is an error, in one line from the CLI."""
+    base = _report({("a", 0): 0.2, ("b", 1): 0.9, ("c", 2): 0.5, ("only base", 3): 0.0})
+    new = _report({("c", 2): 0.6, ("a", 0): 0.5, ("b", 1): 0.9, ("only new", 4): 1.0}, shape=0.75)
+    result = evaluation.compare_reports([base], [new])
+    d = np.array([0.3, 0.0, 0.1])
+    row = result["frame_pass_rate"]
+    assert row["pairs"] == 3
+    assert abs(row["mean_difference"] - d.mean()) < 1e-12
+    assert abs(row["standard_error"] - d.std(ddof=1) / np.sqrt(3)) < 1e-12
+    assert abs(result["shape_right_rate"]["mean_difference"] - 0.25) < 1e-12
+    assert result["shape_right_rate"]["standard_error"] == 0.0
+    # another set, pooled: the same prompt and seed in another set is another video
+    more_base = {"per_video": {"B": _report({("a", 0): 0.0})["per_video"]["short"]}}
+    more_new = {"per_video": {"B": _report({("a", 0): 1.0})["per_video"]["short"]}}
+    pooled = evaluation.compare_reports([base, more_base], [new, more_new])["frame_pass_rate"]
+    assert pooled["pairs"] == 4 and abs(pooled["mean_difference"] - (0.4 + 1.0) / 4) < 1e-12
+    with pytest.raises(ValueError, match="share no video"):
+        evaluation.compare_reports([base], [_report({("z", 9): 1.0})])
+    with pytest.raises(ValueError, match="per-video"):
+        evaluation.compare_reports([{"short": {}}], [new])
+    # the CLI: two folders (or files, joined by commas) and a table
+    for name, report in (("base", base), ("new", new), ("other", _report({("z", 9): 1.0}))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps(report))
+    cli = _eval_cli("--compare", tmp_path / "base", tmp_path / "new", "--out-dir", tmp_path / "cmp")
+    assert cli.returncode == 0, cli.stderr
+    assert "paired over 3 videos" in cli.stdout and "+13.3 +-" in cli.stdout
+    assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["frame_pass_rate"]["pairs"] == 3
+    bad = _eval_cli("--compare", tmp_path / "base", tmp_path / "other")
+    assert bad.returncode == 2 and "share no video" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def _eval_cli(*args):

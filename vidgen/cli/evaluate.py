@@ -5,6 +5,7 @@ vidgen eval --held-out 5 --long 10 --long-seconds 600  # plus 10-minute drift-fr
 vidgen eval --storyboards 10                           # prompt changes: latency
 vidgen eval --prompts prompts.txt --ablate             # each drift correction switched off
 vidgen eval --video out.mp4 --prompt "a red circle moving left on a black background"
+vidgen eval --compare old/std,old/B new/std,new/B        # paired differences, with standard errors
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sys
 from pathlib import Path
 
 from vidgen.validation import InputError, read_storyboard
+
+DEFAULT_OUT = "outputs/eval"
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -36,7 +39,14 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--config", help="a preset name or TOML file")
     p.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE")
     p.add_argument("--quantize", choices=["int8", "fp8"], help="quantize the transformer (as vidgen render)")
-    p.add_argument("--out-dir", default="outputs/eval", help="report.json and PNG plots")
+    p.add_argument("--out-dir", default=DEFAULT_OUT, help="report.json and PNG plots")
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("BASE", "NEW"),
+        help="pair two evaluated models video by video: report.json files or their folders, "
+        "several joined by commas; prints the mean differences with their standard errors",
+    )
     p.add_argument("--video", help="judge this MP4 instead of generating (needs --prompt or --storyboard)")
     p.add_argument("--prompt", help="the prompt of --video")
     p.add_argument("--storyboard", help="storyboard file of --video (TOML/JSON)")
@@ -58,7 +68,9 @@ def _print_table(report: dict) -> None:
         ("late stats distance", "late_stats_distance"),
         ("real-time factor", "real_time_factor"),
     ]
-    names = list(report)
+    from vidgen.evaluation import PER_VIDEO
+
+    names = [n for n in report if n != PER_VIDEO]
     width = max(12, *(len(n) + 2 for n in names))
     print(f"{'':28s}" + "".join(f"{n:>{width}s}" for n in names))
     for label, key in rows:
@@ -102,9 +114,36 @@ def _judge_file(args: argparse.Namespace) -> int:
     return 0 if report.adheres else 1
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from vidgen.evaluation import compare_reports
+
+    base, new = ([p for p in side.split(",") if p] for side in args.compare)
+    try:
+        result = compare_reports(base, new)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    labels = {
+        "frame_pass_rate": "frames passing",
+        "shape_right_rate": "shape right (frames)",
+        "window_pass_rate": "1-s windows passing",
+        "adheres": "adherence",
+    }
+    pairs = next(iter(result.values()))["pairs"]
+    print(f"paired over {pairs} videos, new - base, points (mean +- standard error):")
+    for metric, row in result.items():
+        mean, se = 100 * row["mean_difference"], 100 * row["standard_error"]
+        print(f"  {labels[metric]:24s} {mean:+6.1f} +- {se:4.1f}")
+    if args.out_dir != DEFAULT_OUT:
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.out_dir) / "compare.json").write_text(json.dumps(result, indent=1))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.video:
         return _judge_file(args)
+    if args.compare:
+        return _compare(args)
     from vidgen import evaluation
     from vidgen.cli.render import load_pipeline
 
