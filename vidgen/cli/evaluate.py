@@ -45,7 +45,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         nargs=2,
         metavar=("BASE", "NEW"),
         help="pair two evaluated models video by video: report.json files or their folders, "
-        "several joined by commas; prints the mean differences with their standard errors",
+        "several joined by commas; prints the mean differences with their standard errors "
+        "(and writes compare.json when --out-dir is given)",
     )
     p.add_argument("--video", help="judge this MP4 instead of generating (needs --prompt or --storyboard)")
     p.add_argument("--prompt", help="the prompt of --video")

@@ -18,6 +18,7 @@ are context only (no loss).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -344,6 +345,7 @@ def _parameter_groups(model: CausalWanTransformer, config: TransformerTrainConfi
     ]
 
 
+@functools.lru_cache(maxsize=8)  # parsed once, not for every sample
 def shape_probabilities(weights: str) -> np.ndarray:
     """``circle:square:triangle`` relative weights (``--shape-weights``) as probabilities over
     ``world.SHAPES``; ValueError, in one line, for anything else."""
