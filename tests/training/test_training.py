@@ -314,9 +314,10 @@ def _train_recording_swaps(autoencoder, tmp_path, monkeypatch, **swap):
         samples.append(make(rng, config))
         return samples[-1]
 
-    def recording_loss(model, latents, *args):
-        calls.append((latents.clone(), args[-2].clone(), args[-1], list(samples[-latents.shape[0] :])))
-        return loss(model, latents, *args)
+    def recording_loss(model, latents, *args, **kwargs):
+        swap = args[-2].clone() if args[-2] is not None else None
+        calls.append((latents.clone(), swap, args[-1], list(samples[-latents.shape[0] :]), kwargs))
+        return loss(model, latents, *args, **kwargs)
 
     monkeypatch.setattr(trainer, "make_sample", recording_make)
     monkeypatch.setattr(trainer, "diffusion_forcing_loss", recording_loss)
@@ -336,7 +337,7 @@ def test_oversize_swap_trains_on_larger_copies_of_captioned_samples(autoencoder,
 
     calls = _train_recording_swaps(autoencoder, tmp_path, monkeypatch, oversize_swap=1.0)
     kinds = set()
-    for latents, swap, forced, batch in calls:
+    for latents, swap, forced, batch, _ in calls:
         for k, sample in enumerate(batch):
             captioned = bool(sample.text)
             kinds.add(captioned)
@@ -721,7 +722,7 @@ def test_shape_swap_trains_and_swaps_only_captioned_samples(autoencoder, tmp_pat
     whose caption was dropped (it names no shape to draw)."""
     calls = _train_recording_swaps(autoencoder, tmp_path, monkeypatch, shape_swap=1.0)
     kinds = set()
-    for latents, swap, _, batch in calls:
+    for latents, swap, _, batch, _ in calls:
         for k, text in enumerate(s.text for s in batch):
             kinds.add(bool(text))
             same = torch.equal(swap[k], latents[k])
@@ -780,7 +781,7 @@ def test_lag_swap_trains_on_lagging_copies_of_captioned_samples(autoencoder, tmp
 
     calls = _train_recording_swaps(autoencoder, tmp_path, monkeypatch, lag_swap=1.0, lag_frames=8)
     kinds = set()
-    for latents, swap, forced, batch in calls:
+    for latents, swap, forced, batch, _ in calls:
         for k, sample in enumerate(batch):
             captioned = bool(sample.text)
             kinds.add(captioned)
@@ -799,7 +800,7 @@ def test_lag_swap_trains_on_lagging_copies_of_captioned_samples(autoencoder, tmp
     both = _train_recording_swaps(
         autoencoder, tmp_path / "both", monkeypatch, lag_swap=1.0, oversize_swap=1.0
     )  # fmt: skip
-    for _, _, _, batch in both:
+    for _, _, _, batch, _ in both:
         assert all(s.lag_frames is None and (s.oversize_frames is not None) is bool(s.text) for s in batch)
     cli = subprocess.run(
         [sys.executable, "-m", "vidgen", "train", "transformer", "--run-dir", str(tmp_path / "y"),
@@ -807,4 +808,118 @@ def test_lag_swap_trains_on_lagging_copies_of_captioned_samples(autoencoder, tmp
         capture_output=True, text=True,
     )  # fmt: skip
     assert cli.returncode == 2 and "--lag-frames" in cli.stderr and "Traceback" not in cli.stderr
+    assert len(cli.stderr.strip().splitlines()) == 1
+
+
+def test_own_context_estimates_each_chunk_against_the_estimates_before_it():
+    """Chunk k of ``own_context_estimates`` is the one-step clean estimate of the clip's chunk k
+    noised to its drawn level, by a full-length block-causal forward whose chunks before k are the
+    earlier estimates at timestep 0 (what follows k cannot matter): within 1e-5. The last chunk
+    stays the clip's, and the levels fall in the configured range."""
+    from vidgen.attention import AttentionPattern
+    from vidgen.models import CausalWanTransformer
+    from vidgen.pipelines.scheduler import timestep_of
+    from vidgen.training.transformer import own_context_estimates
+
+    torch.manual_seed(2)
+    model = CausalWanTransformer(**TINY_DIT["model"]).eval()
+    base = {k: v for k, v in TINY_DIT.items() if k != "model"}
+    config = TransformerTrainConfig(
+        **base, self_context=1.0, self_context_sigma_min=0.4, self_context_sigma_max=0.7
+    )
+    latents = torch.randn(2, TINY_DIT["model"]["in_channels"], 8, 4, 4)
+    text = torch.randn(2, 6, TINY_DIT["model"]["text_dim"])
+    out = own_context_estimates(model, latents, text, config, torch.Generator().manual_seed(5))
+
+    generator = torch.Generator().manual_seed(5)  # the function's draws, in its order
+    sigma = 0.4 + 0.3 * torch.rand(2, 3, generator=generator)
+    noise = torch.randn(2, latents.shape[1], 6, 4, 4, generator=generator)
+    assert torch.equal(out[:, :, 6:], latents[:, :, 6:])
+    pattern = AttentionPattern.block_causal(4, 2)
+    for k in range(3):
+        s = sigma[:, k, None, None, None, None]
+        noisy = (1 - s) * latents[:, :, 2 * k : 2 * k + 2] + s * noise[:, :, 2 * k : 2 * k + 2]
+        junk = torch.randn(2, latents.shape[1], 8 - 2 * k - 2, 4, 4)  # after chunk k: irrelevant
+        x = torch.cat([out[:, :, : 2 * k], noisy, junk], dim=2)
+        levels = torch.zeros(2, 8)
+        levels[:, 2 * k : 2 * k + 2] = sigma[:, k, None]
+        levels[:, 2 * k + 2 :] = 0.9
+        with torch.no_grad():
+            pred = model(x, timestep_of(levels), text, attention_pattern=pattern, return_dict=False)[0]
+        expected = noisy - s * pred[:, :, 2 * k : 2 * k + 2]
+        torch.testing.assert_close(out[:, :, 2 * k : 2 * k + 2], expected, rtol=1e-5, atol=1e-5)
+        assert (out[:, :, 2 * k : 2 * k + 2] - latents[:, :, 2 * k : 2 * k + 2]).abs().max() > 1e-3
+
+
+def test_own_context_puts_the_estimates_in_the_context_and_leaves_them_out_of_the_loss():
+    """For the marked samples the context chunks' inputs are the estimates, noised as a clean
+    context is (sigma <= ``context_sigma_max``, the same noise); the last chunk's input and the
+    unmarked samples are untouched; the estimated chunks leave the loss: a model exact on the last
+    chunk and far off on the context loses nothing when every sample is marked."""
+    from vidgen.training.transformer import diffusion_forcing_loss
+
+    torch.manual_seed(3)
+    latents = torch.randn(2, 4, 8, 4, 4)
+    estimates = latents.clone()
+    estimates[:, :, :6] += torch.randn(2, 4, 6, 4, 4)
+    text = torch.randn(2, 6, TINY_DIT["model"]["text_dim"])
+    base = {k: v for k, v in TINY_DIT.items() if k != "model"}
+    config = TransformerTrainConfig(**base, clean_context_prob=0.0)  # no sample draws a clean context
+    seen = {}
+
+    def model_exact_on_the_last_chunk(name):
+        def model(noisy, timestep, text, attention_pattern=None, return_dict=False):
+            sigma = (timestep / 1000.0)[:, None, :, None, None]
+            seen[name] = (noisy.clone(), sigma)
+            pred = (noisy - latents) / sigma  # the flow target where the input is the clip's
+            pred[:, :, :6] = 100.0
+            return (pred,)
+
+        return model
+
+    def loss(name, own):
+        return diffusion_forcing_loss(
+            model_exact_on_the_last_chunk(name), latents, text, torch.ones(2, 4, dtype=torch.bool), config,
+            torch.Generator().manual_seed(4), own_context=own, context_latents=None if own is None else estimates,
+        )  # fmt: skip
+
+    assert float(loss("plain", None)) > 1000
+    assert float(loss("both", torch.tensor([True, True]))) < 1e-8
+    assert float(loss("first", torch.tensor([True, False]))) > 1000  # sample 1's context still counts
+    plain, sigma = seen["plain"]
+    noise = (plain - (1 - sigma) * latents) / sigma  # the draw every run shares
+    noisy, s = seen["first"]
+    assert torch.equal(noisy[1], plain[1]) and torch.equal(noisy[0, :, 6:], plain[0, :, 6:])
+    assert float(s[0, 0, :6].max()) <= config.context_sigma_max < float(sigma[0, 0, :6].min())
+    expected = (1 - s[0, :, :6]) * estimates[0, :, :6] + s[0, :, :6] * noise[0, :, :6]
+    torch.testing.assert_close(noisy[0, :, :6], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_self_context_trains_on_own_estimates_of_captioned_samples(autoencoder, tmp_path, monkeypatch):
+    """A run with ``self_context`` 1 marks exactly the captioned samples without a prompt change,
+    hands the loss the model's estimates (the clip's latents on the last chunk, others elsewhere),
+    and trains to a finite loss. The CLI refuses a noise range outside [0, 1) (exit 2, one line)."""
+    import subprocess
+    import sys
+
+    calls = _train_recording_swaps(autoencoder, tmp_path, monkeypatch, self_context=1.0)
+    kinds = set()
+    for latents, _, _, batch, kwargs in calls:
+        marked = [bool(s.text) and all(s.loss_chunks) for s in batch]
+        assert [s.own_context for s in batch] == marked
+        kinds.update(marked)
+        if not any(marked):
+            assert kwargs["own_context"] is None
+            continue
+        assert kwargs["own_context"].tolist() == marked
+        estimates = kwargs["context_latents"]
+        assert torch.equal(estimates[:, :, -2:], latents[:, :, -2:])
+        assert (estimates[:, :, :-2] - latents[:, :, :-2]).abs().amax(dim=(1, 2, 3, 4)).min() > 1e-3
+    assert kinds == {True, False}
+    cli = subprocess.run(
+        [sys.executable, "-m", "vidgen", "train", "transformer", "--run-dir", str(tmp_path / "y"),
+         "--self-context", "0.5", "--self-context-sigma-max", "1.0"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert cli.returncode == 2 and "--self-context-sigma" in cli.stderr and "Traceback" not in cli.stderr
     assert len(cli.stderr.strip().splitlines()) == 1

@@ -112,6 +112,20 @@ class TransformerTrainConfig:
     swap and cost one more clip through the encoder each."""
     lag_frames: int = 8
     """The largest lag of ``lag_swap``, in video frames (>= 1; 8 is half a second)."""
+    self_context: float = 0.0
+    """Share of the captioned samples without a prompt change whose context chunks are the model's
+    own estimates instead of the clip's: chunk by chunk, each noised from the clip to a level drawn
+    from ``self_context_sigma_min``..``_max`` and estimated in one step against the estimates before it (at
+    timestep 0, as the pipeline caches its finished chunks). The last chunk's target stays the
+    clip's, and the loss leaves the estimated chunks out. A rollout conditions every chunk on the
+    model's own imperfect chunks (a shape half-drawn, an object a little off its path), which the
+    clip-only training never shows it; here it learns to draw the caption's object on its path from
+    such a context (0: off). Costs one no-grad pass over the context chunks a step."""
+    self_context_sigma_min: float = 0.3
+    self_context_sigma_max: float = 0.8
+    """The range of noise levels ``self_context`` estimates its chunks from (0 <= min <= max < 1).
+    The pipeline's last sampler step estimates its chunk from sigma 0.5, a state that is itself the
+    model's rather than the clip's noised, so the range reaches above it."""
     shape_weights: str = ""
     """Relative weights of the shapes a sample's (first) scene is drawn with, ``circle:square:triangle``
     (e.g. ``1:1:2`` makes half the samples triangles; empty: uniform). For a shape the model draws

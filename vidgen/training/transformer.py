@@ -51,6 +51,7 @@ class Sample:
     other_shape_frames: np.ndarray | None = None  # the same frames with another shape (shape_contrast)
     oversize_frames: np.ndarray | None = None  # the same frames with the object far too large (oversize_swap)
     lag_frames: np.ndarray | None = None  # the same frames with the object some frames behind (lag_swap)
+    own_context: bool = False  # its context chunks are the model's own estimates (self_context)
 
     @property
     def forced_swap_frames(self) -> np.ndarray | None:
@@ -151,6 +152,10 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         loss_chunks = [True] * num_chunks
     else:
         loss_chunks = [latent_indices[k * c] >= change_latent for k in range(num_chunks)]
+    # drawn only when asked; a context of the old prompt or without a caption has nothing to estimate
+    own_context = bool(
+        config.self_context > 0 and text and all(loss_chunks) and rng.random() < config.self_context
+    )
     return Sample(
         frames=frames,
         masks=masks,
@@ -160,6 +165,7 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         other_shape_frames=other_shape_frames,
         oversize_frames=oversize_frames,
         lag_frames=lag_frames,
+        own_context=own_context,
     )
 
 
@@ -247,6 +253,9 @@ def diffusion_forcing_loss(
     guidance_where: torch.Tensor | None = None,
     other_shape_latents: torch.Tensor | None = None,
     forced_swap: torch.Tensor | None = None,
+    *,
+    own_context: torch.Tensor | None = None,
+    context_latents: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Flow-matching loss with an independent noise level per chunk, block-causal attention;
     ``object_weight`` (B, F, h, w) weights the latent cells of the object, or (B, C, F, h, w) each
@@ -257,13 +266,19 @@ def diffusion_forcing_loss(
     a share of the samples noise those latents instead on their loss chunks at sigma >=
     ``config.shape_swap_sigma``; the target stays the one whose clean estimate ``noisy - sigma *
     target`` is the captioned clip's latents. ``forced_swap`` (B,) bool swaps those samples
-    whatever the draw (their ``other_shape_latents`` hold the ``oversize_swap`` or ``lag_swap`` clip)."""
+    whatever the draw (their ``other_shape_latents`` hold the ``oversize_swap`` or ``lag_swap`` clip).
+
+    ``own_context`` (B,) bool marks the samples whose context chunks (all but the last, lightly
+    noised as a clean context is) are ``context_latents`` -- the model's own estimates
+    (``own_context_estimates``) -- and leave the loss; their last chunk is unchanged."""
     batch, _, frames, height, width = latents.shape
     c = config.chunk_frames
     num_chunks = frames // c
     u = torch.rand(batch, num_chunks, generator=generator)
     sigma = shift_sigma(u, config.sigma_shift)
     clean_context = torch.rand(batch, generator=generator) < config.clean_context_prob
+    if own_context is not None:
+        clean_context = clean_context | own_context
     small = torch.rand(batch, num_chunks, generator=generator) * config.context_sigma_max
     context_mask = torch.zeros(batch, num_chunks, dtype=torch.bool)
     context_mask[clean_context, :-1] = True
@@ -275,6 +290,11 @@ def diffusion_forcing_loss(
     s = sigma_frames[:, None, :, None, None]
     noisy = (1 - s) * latents + s * noise
     target = noise - latents
+    if own_context is not None and context_latents is not None:
+        estimated = own_context[:, None] & context_mask  # (B, chunks)
+        e = estimated.repeat_interleave(c, dim=1)[:, None, :, None, None]
+        noisy = torch.where(e, (1 - s) * context_latents + s * noise, noisy)
+        loss_chunks = loss_chunks & ~estimated
     if other_shape_latents is not None and (config.shape_swap > 0 or forced_swap is not None):
         # drawn after the noise: a run without the swap keeps its random stream
         swapped = torch.rand(batch, generator=generator) < config.shape_swap
@@ -300,6 +320,42 @@ def diffusion_forcing_loss(
     err = err.mean(dim=(1, 3, 4))  # (B, F)
     weight = loss_chunks.repeat_interleave(c, dim=1).float()
     return (err * weight).sum() / weight.sum().clamp(min=1)
+
+
+@torch.no_grad()
+def own_context_estimates(
+    model: CausalWanTransformer | Callable,
+    latents: torch.Tensor,
+    text: torch.Tensor,
+    config: TransformerTrainConfig,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """``latents`` with every chunk but the last replaced by the model's one-step estimate of it,
+    chunk by chunk as a rollout makes them: chunk k is the clip's chunk noised to a level drawn from
+    ``config.self_context_sigma_min``..``_max`` and estimated against the estimates of chunks < k,
+    which it sees at timestep 0 as the pipeline caches its finished chunks."""
+    batch, _, frames, height, width = latents.shape
+    c = config.chunk_frames
+    low, high = config.self_context_sigma_min, config.self_context_sigma_max
+    sigma = low + (high - low) * torch.rand(batch, frames // c - 1, generator=generator)
+    noise = torch.randn(latents[:, :, :-c].shape, generator=generator)
+    c_p = config.model["patch_size"]
+    pattern = AttentionPattern.block_causal((height // c_p[1]) * (width // c_p[2]), c)
+    out = latents.clone()
+    for k in range(frames // c - 1):
+        here = slice(k * c, (k + 1) * c)
+        s = sigma[:, k, None, None, None, None]
+        noisy = (1 - s) * latents[:, :, here] + s * noise[:, :, here]
+        sigma_frames = torch.cat([torch.zeros(batch, k * c), sigma[:, k, None].expand(batch, c)], dim=1)
+        pred = model(
+            torch.cat([out[:, :, : k * c], noisy], dim=2),
+            timestep_of(sigma_frames),
+            text,
+            attention_pattern=pattern,
+            return_dict=False,
+        )[0]
+        out[:, :, here] = noisy - s * pred[:, :, -c:].float()
+    return out
 
 
 def shape_contrast_weight(
@@ -379,6 +435,11 @@ def check_config(config: TransformerTrainConfig) -> None:
         raise ValueError(f"--oversize-scale must be above 1 (a larger object), got {config.oversize_scale}")
     if config.lag_swap > 0 and config.lag_frames < 1:
         raise ValueError(f"--lag-frames must be at least 1 (video frames of lag), got {config.lag_frames}")
+    low, high = config.self_context_sigma_min, config.self_context_sigma_max
+    if config.self_context > 0 and not 0 <= low <= high < 1:
+        raise ValueError(
+            f"--self-context-sigma-min/-max must satisfy 0 <= min <= max < 1, got {low} and {high}"
+        )
 
 
 def train_transformer(config: TransformerTrainConfig) -> Path:
@@ -410,6 +471,11 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         )
     # inductor fuses the many small elementwise ops around the matmuls (~1.7x per CPU step here)
     forward = torch.compile(model) if config.compile else model
+    if config.compile:
+        # the blocks' region resumes after a graph break once per layer index and grad mode (the
+        # guidance teacher and the estimates run without gradients): past dynamo's default limit
+        # of 8 the remaining layers would run eagerly
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     step_seconds = 0.0  # the previous step, logged with the share spent making its data
     while not run.done:
         started = time.perf_counter()
@@ -468,6 +534,12 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         if guidance is not None and config.guidance_region == "object":
             guidance_where = latent_object_weight(masks, temporal, spatial, 1.0) > 1.0
         data_seconds = time.perf_counter() - started
+        own_context = context_latents = None
+        if any(s.own_context for s in samples):
+            own_context = torch.tensor([s.own_context for s in samples])
+            # the whole batch, so the compiled model keeps its shapes
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+                context_latents = own_context_estimates(forward, latents, text, config, generator)
         model.train()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
             loss = diffusion_forcing_loss(
@@ -482,6 +554,8 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
                 guidance_where,
                 swap_latents,
                 forced_swap,
+                own_context=own_context,
+                context_latents=context_latents,
             )
         if not run.update(loss, data_s=round(data_seconds, 3), step_s=round(step_seconds, 3)):
             break
