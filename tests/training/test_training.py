@@ -923,3 +923,42 @@ def test_self_context_trains_on_own_estimates_of_captioned_samples(autoencoder, 
     )  # fmt: skip
     assert cli.returncode == 2 and "--self-context-sigma" in cli.stderr and "Traceback" not in cli.stderr
     assert len(cli.stderr.strip().splitlines()) == 1
+
+
+def test_turn_swap_sets_off_the_same_object_in_another_direction(autoencoder, tmp_path, monkeypatch):
+    """A run with ``turn_swap`` 1 gives every captioned sample that names a direction and starts at
+    the clip's start a clip of the same object from the same place (frame 0 equal) moving another
+    way (later frames differ, as many object pixels), hands its latents to the loss as a forced
+    swap; the rest keep their clip. The samples' draws honour the same conditions over 300 draws."""
+    from vidgen.shapes.prompts import parse_prompt
+
+    calls = _train_recording_swaps(autoencoder, tmp_path, monkeypatch, turn_swap=1.0)
+    turned = 0
+    for latents, swap, forced, batch, _ in calls:
+        for k, sample in enumerate(batch):
+            assert (forced is not None and bool(forced[k])) is (sample.turned_frames is not None)
+            if sample.turned_frames is None:
+                continue
+            assert not torch.equal(swap[k], latents[k])
+            turned += 1
+            assert sample.text and parse_prompt(sample.text).direction is not None
+            assert np.array_equal(sample.turned_frames[0], sample.frames[0])
+            assert not np.array_equal(sample.turned_frames[-1], sample.frames[-1])
+            background = sample.frames[:, :1, :1]
+            drawn = (sample.frames != background).any(-1).sum(axis=(1, 2))
+            moved = (sample.turned_frames != background).any(-1).sum(axis=(1, 2))
+            assert np.abs(moved - drawn).max() <= 0.15 * drawn.max() + 4
+    assert turned > 0
+    base = {k: v for k, v in TINY_DIT.items() if k != "model"}
+    config = TransformerTrainConfig(**base, turn_swap=1.0)
+    rng = np.random.default_rng(0)
+    samples = [make_sample(rng, config) for _ in range(300)]
+    for sample in samples:
+        if sample.turned_frames is not None:
+            assert parse_prompt(sample.text).direction is not None and all(sample.loss_chunks)
+    named = [s for s in samples if s.text and parse_prompt(s.text).direction and all(s.loss_chunks)]
+    # gap 0 is drawn 30 % of the time: about that share of the eligible samples turn
+    share = sum(s.turned_frames is not None for s in named) / len(named)
+    assert 0.15 < share < 0.45
+    with pytest.raises(ValueError, match="--turn-swap"):
+        check_config(TransformerTrainConfig(**base, turn_swap=1.5))

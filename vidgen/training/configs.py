@@ -112,6 +112,13 @@ class TransformerTrainConfig:
     swap and cost one more clip through the encoder each."""
     lag_frames: int = 8
     """The largest lag of ``lag_swap``, in video frames (>= 1; 8 is half a second)."""
+    turn_swap: float = 0.0
+    """Share of the captioned samples that show a clip's start (no gap, no prompt change) and have
+    no oversize or lag swap whose noised chunks (from ``shape_swap_sigma`` up) start from the clip
+    of the same object from the same start moving in another of the eight directions, while the
+    target stays the captioned clip: the model learns to set off in the caption's direction where
+    its noisy input shows another. The first chunks' motion is a guess that sampling commits to,
+    and the later chunks carry it on (0: off). Costs one more clip through the encoder each."""
     self_context: float = 0.0
     """Share of the captioned samples without a prompt change whose context chunks are the model's
     own estimates instead of the clip's: chunk by chunk, each noised from the clip to a level drawn

@@ -33,6 +33,7 @@ from vidgen.models.autoencoder import AutoencoderKLLite
 from vidgen.models.text_encoders import MiniLMTextEncoder
 from vidgen.pipelines.scheduler import shift_sigma, timestep_of
 from vidgen.shapes import captions, world
+from vidgen.shapes.prompts import parse_prompt
 from vidgen.training.checkpoint import load_transformer
 from vidgen.training.configs import TransformerTrainConfig
 from vidgen.training.data import clip_to_tensor
@@ -51,12 +52,18 @@ class Sample:
     other_shape_frames: np.ndarray | None = None  # the same frames with another shape (shape_contrast)
     oversize_frames: np.ndarray | None = None  # the same frames with the object far too large (oversize_swap)
     lag_frames: np.ndarray | None = None  # the same frames with the object some frames behind (lag_swap)
+    turned_frames: np.ndarray | None = (
+        None  # the same object from the same start, another direction (turn_swap)
+    )
     own_context: bool = False  # its context chunks are the model's own estimates (self_context)
 
     @property
     def forced_swap_frames(self) -> np.ndarray | None:
-        """The frames a forced swap noises instead (oversize or lag), if any."""
-        return self.oversize_frames if self.oversize_frames is not None else self.lag_frames
+        """The frames a forced swap noises instead (oversize, lag or turn, the first there), if any."""
+        for frames in (self.oversize_frames, self.lag_frames, self.turned_frames):
+            if frames is not None:
+                return frames
+        return None
 
 
 def _video_frames_of_latent(index: int) -> tuple[int, int]:
@@ -148,6 +155,22 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         lag = int(rng.integers((config.lag_frames + 1) // 2, config.lag_frames + 1))
         behind = clip.centers[np.maximum(np.arange(len(clip.centers)) - lag, 0)]
         lag_frames = world.redraw(clip, config.size, centers=behind)[picked]
+    turned_frames = None
+    if (
+        config.turn_swap > 0
+        and text
+        and parse_prompt(text).direction is not None  # a caption that names none allows every direction
+        and gap == 0
+        and change_latent is None
+        and oversize_frames is None
+        and lag_frames is None
+        and rng.random() < config.turn_swap
+    ):
+        direction = str(rng.choice([d for d in world.DIRECTIONS if d != scene.direction]))
+        turned = world.render_clip(
+            scene.replace(direction=direction), total_frames, size=config.size, start=tuple(clip.centers[0])
+        )
+        turned_frames = turned.frames[picked]
     if change_latent is None:
         loss_chunks = [True] * num_chunks
     else:
@@ -165,6 +188,7 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         other_shape_frames=other_shape_frames,
         oversize_frames=oversize_frames,
         lag_frames=lag_frames,
+        turned_frames=turned_frames,
         own_context=own_context,
     )
 
@@ -435,6 +459,9 @@ def check_config(config: TransformerTrainConfig) -> None:
         raise ValueError(f"--oversize-scale must be above 1 (a larger object), got {config.oversize_scale}")
     if config.lag_swap > 0 and config.lag_frames < 1:
         raise ValueError(f"--lag-frames must be at least 1 (video frames of lag), got {config.lag_frames}")
+    for name in ("oversize_swap", "lag_swap", "turn_swap", "self_context"):
+        if not 0 <= getattr(config, name) <= 1:
+            raise ValueError(f"--{name.replace('_', '-')} is a share: 0 to 1, got {getattr(config, name)}")
     low, high = config.self_context_sigma_min, config.self_context_sigma_max
     if config.self_context > 0 and not 0 <= low <= high < 1:
         raise ValueError(
@@ -525,7 +552,7 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
             captioned = torch.tensor([bool(s.text) for s in samples])[:, None, None, None, None]
             swap_latents = torch.where(captioned, other_shape_latents, latents)
         forced_swap = None
-        if forced:  # these samples swap to the oversize or lag clip instead (all captioned)
+        if forced:  # these samples swap to the oversize, lag or turned clip instead (all captioned)
             swap_latents = (latents if swap_latents is None else swap_latents).clone()
             swap_latents[forced] = forced_latents
             forced_swap = torch.zeros(len(samples), dtype=torch.bool)
