@@ -7,6 +7,8 @@
     python benchmarks/default_model/diagnose.py overfit --run RUN --model DIR  # after --overfit-clips
     python benchmarks/default_model/diagnose.py failures     [--model DIR]   # why frames fail
     python benchmarks/default_model/diagnose.py shapes       [--model DIR]   # shape drawn per shape named
+    python benchmarks/default_model/diagnose.py windows      [--model DIR]   # why 1-s windows fail
+    python benchmarks/default_model/diagnose.py direction    [--model DIR]   # why rule 7 fails
 
 Each prints one table; all run on one thread. ``--model`` is a pipeline folder (default: the
 embedded model; a training checkpoint becomes one with ``vidgen train export``); ``--transformer``
@@ -312,11 +314,55 @@ def shapes(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0, clips:
     table(f"autoencoder round trip, {clips} ground-truth 2-s clips", round_trip)
 
 
+def direction(pipe, prompts: int = 20, seed: int = 0) -> None:
+    """Why rule 7 (the first second's direction) fails, on the first 2 s of ``vidgen eval
+    --held-out PROMPTS --seed SEED``'s videos (the same chunks as its 10-s videos): per failing
+    axis, whether the object moved the wrong way, did not move on an axis the caption names (under
+    the rule's 0.002 S a frame), or moved on an axis the caption leaves still."""
+    kinds = {"wrong sign": 0, "no motion": 0, "motion off the named axes": 0}
+    failing = judged = 0
+    for k, prompt in enumerate(held_out_prompts(prompts, seed=seed)):
+        report = evaluate_video(_frames(pipe, prompt, 33, seed=seed + k), prompt)
+        named = parse_prompt(prompt).direction
+        verdict = report.segments[0].direction_ok
+        centroids = np.array([r.centroid if r.centroid else (np.nan, np.nan) for r in report.frames[:16]])
+        median = np.nanmedian(np.diff(centroids, axis=0), axis=0)
+        drawn = np.where(np.abs(median) < 0.002, 0.0, np.sign(median))
+        axes = ""
+        if verdict is not None:
+            judged += 1
+        if verdict is False:
+            failing += 1
+            want = np.sign(world.DIRECTIONS[named])
+            for axis, (got, wanted) in zip("xy", zip(drawn, want)):
+                if got == wanted:
+                    continue  # an axis with a bounce in the second is not judged; it may be this one
+                axes += axis
+                kinds[
+                    "motion off the named axes" if wanted == 0 else "no motion" if got == 0 else "wrong sign"
+                ] += 1
+        print(
+            f"{k:3d} rule 7 {verdict!s:5s} named {named!s:10s} median dx, dy {median.round(4)}  {axes:3s} {prompt}"
+        )
+    print(f"videos: {prompts}, judged on rule 7: {judged}, failing: {failing}")
+    print("failing axes: " + ", ".join(f"{kind} {n}" for kind, n in kinds.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument(
         "check",
-        choices=["shape-word", "probe", "steps", "autoencoder", "overfit", "failures", "shapes", "windows"],
+        choices=[
+            "shape-word",
+            "probe",
+            "steps",
+            "autoencoder",
+            "overfit",
+            "failures",
+            "shapes",
+            "windows",
+            "direction",
+        ],
     )
     parser.add_argument("--model", help="pipeline folder (default: the embedded model)")
     parser.add_argument("--transformer", help="a transformer folder to probe instead")
@@ -329,7 +375,8 @@ def main() -> None:
     if args.check == "overfit":
         return overfit(pipe, args.run)
     checks = {"shape-word": shape_word, "probe": probe, "steps": steps, "autoencoder": autoencoder}
-    {**checks, "failures": failures, "shapes": shapes, "windows": windows}[args.check](pipe)
+    checks.update(failures=failures, shapes=shapes, windows=windows, direction=direction)
+    checks[args.check](pipe)
 
 
 if __name__ == "__main__":
