@@ -135,7 +135,7 @@ def run_video(pipe, prompt: Prompt, seconds: float, seed: int) -> tuple[VideoRes
 PER_VIDEO = "per_video"
 """The key of a report's per-video records (``{set name: [record, ...]}``), beside the summaries."""
 
-COMPARED = ("frame_pass_rate", "shape_right_rate", "window_pass_rate", "adheres")
+COMPARED = ("frame_pass_rate", "shape_right_rate", "window_pass_rate", "direction_ok", "adheres")
 """What ``compare_reports`` pairs, video by video."""
 
 

@@ -73,12 +73,15 @@ def test_evaluate_model_with_a_tiny_pipeline(tmp_path):
     assert same["frame_pass_rate"]["mean_difference"] == 0.0 and same["frame_pass_rate"]["pairs"] == 4
 
 
-def _report(frames_by_video: dict[tuple[str, int], float], shape: float = 0.5) -> dict:
+def _report(
+    frames_by_video: dict[tuple[str, int], float], shape: float = 0.5, direction: bool = False
+) -> dict:
     return {
         "per_video": {
             "short": [
                 {"prompt": prompt, "seed": seed, "seconds": 8.0, "frame_pass_rate": rate,
-                 "shape_right_rate": shape, "window_pass_rate": 0.5, "adheres": False}
+                 "shape_right_rate": shape, "window_pass_rate": 0.5, "direction_ok": direction and seed > 0,
+                 "adheres": False}
                 for (prompt, seed), rate in frames_by_video.items()
             ]
         }
@@ -90,7 +93,9 @@ def test_compare_reports_pairs_videos_by_prompt_and_seed(tmp_path):
     (matched by prompt and seed, whatever their order), with its standard error; pooled reports
     add their videos; nothing in common is an error, in one line from the CLI."""
     base = _report({("a", 0): 0.2, ("b", 1): 0.9, ("c", 2): 0.5, ("only base", 3): 0.0})
-    new = _report({("c", 2): 0.6, ("a", 0): 0.5, ("b", 1): 0.9, ("only new", 4): 1.0}, shape=0.75)
+    new = _report(
+        {("c", 2): 0.6, ("a", 0): 0.5, ("b", 1): 0.9, ("only new", 4): 1.0}, shape=0.75, direction=True
+    )
     result = evaluation.compare_reports([base], [new])
     d = np.array([0.3, 0.0, 0.1])
     row = result["frame_pass_rate"]
@@ -99,6 +104,7 @@ def test_compare_reports_pairs_videos_by_prompt_and_seed(tmp_path):
     assert abs(row["standard_error"] - d.std(ddof=1) / np.sqrt(3)) < 1e-12
     assert abs(result["shape_right_rate"]["mean_difference"] - 0.25) < 1e-12
     assert result["shape_right_rate"]["standard_error"] == 0.0
+    assert abs(result["direction_ok"]["mean_difference"] - 2 / 3) < 1e-12  # rule 7 now holds for b and c
     # another set, pooled: the same prompt and seed in another set is another video
     more_base = {"per_video": {"B": _report({("a", 0): 0.0})["per_video"]["short"]}}
     more_new = {"per_video": {"B": _report({("a", 0): 1.0})["per_video"]["short"]}}
@@ -114,7 +120,7 @@ def test_compare_reports_pairs_videos_by_prompt_and_seed(tmp_path):
         (tmp_path / name / "report.json").write_text(json.dumps(report))
     cli = _eval_cli("--compare", tmp_path / "base", tmp_path / "new", "--out-dir", tmp_path / "cmp")
     assert cli.returncode == 0, cli.stderr
-    assert "paired over 3 videos" in cli.stdout and "+13.3 +-" in cli.stdout
+    assert "paired over 3 videos" in cli.stdout and "+13.3 +-" in cli.stdout and "+66.7 +-" in cli.stdout
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["frame_pass_rate"]["pairs"] == 3
     bad = _eval_cli("--compare", tmp_path / "base", tmp_path / "other")
     assert bad.returncode == 2 and "share no video" in bad.stderr and "Traceback" not in bad.stderr

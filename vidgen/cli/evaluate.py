@@ -127,6 +127,7 @@ def _compare(args: argparse.Namespace) -> int:
         "frame_pass_rate": "frames passing",
         "shape_right_rate": "shape right (frames)",
         "window_pass_rate": "1-s windows passing",
+        "direction_ok": "direction right (rule 7)",
         "adheres": "adherence",
     }
     pairs = next(iter(result.values()))["pairs"]
