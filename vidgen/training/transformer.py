@@ -52,9 +52,7 @@ class Sample:
     other_shape_frames: np.ndarray | None = None  # the same frames with another shape (shape_contrast)
     oversize_frames: np.ndarray | None = None  # the same frames with the object far too large (oversize_swap)
     lag_frames: np.ndarray | None = None  # the same frames with the object some frames behind (lag_swap)
-    turned_frames: np.ndarray | None = (
-        None  # the same object from the same start, another direction (turn_swap)
-    )
+    turned_frames: np.ndarray | None = None  # from the same start in another direction (turn_swap)
     own_context: bool = False  # its context chunks are the model's own estimates (self_context)
 
     @property
