@@ -328,12 +328,25 @@ def _train_recording_swaps(autoencoder, tmp_path, monkeypatch, **swap):
     return calls
 
 
+def _refused_by_train_cli(run_dir, *flags: str, named: str):
+    """Run ``vidgen train transformer --run-dir RUN_DIR FLAGS``; assert it exits 2 with an error
+    naming ``named`` and no traceback; return the finished process."""
+    import subprocess
+    import sys
+
+    cli = subprocess.run(
+        [sys.executable, "-m", "vidgen", "train", "transformer", "--run-dir", str(run_dir), *flags],
+        capture_output=True,
+        text=True,
+    )
+    assert cli.returncode == 2 and named in cli.stderr and "Traceback" not in cli.stderr
+    return cli
+
+
 def test_oversize_swap_trains_on_larger_copies_of_captioned_samples(autoencoder, tmp_path, monkeypatch):
     """A run with ``oversize_swap`` 1 (no shape swap) redraws every captioned sample larger, hands
     the loss its latents as the swap for exactly those samples, forced; a dropped caption keeps its
     clip. The CLI refuses a scale that does not enlarge (exit 2, one line)."""
-    import subprocess
-    import sys
 
     calls = _train_recording_swaps(autoencoder, tmp_path, monkeypatch, oversize_swap=1.0)
     kinds = set()
@@ -350,24 +363,9 @@ def test_oversize_swap_trains_on_larger_copies_of_captioned_samples(autoencoder,
                     sample.frames != background
                 ).any(-1).sum()
     assert kinds == {True, False}
-    cli = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vidgen",
-            "train",
-            "transformer",
-            "--run-dir",
-            str(tmp_path / "y"),
-            "--oversize-swap",
-            "0.5",
-            "--oversize-scale",
-            "0.8",
-        ],
-        capture_output=True,
-        text=True,
+    cli = _refused_by_train_cli(
+        tmp_path / "y", "--oversize-swap", "0.5", "--oversize-scale", "0.8", named="--oversize-scale"
     )
-    assert cli.returncode == 2 and "--oversize-scale" in cli.stderr and "Traceback" not in cli.stderr
     assert len(cli.stderr.strip().splitlines()) == 1
 
 
@@ -529,8 +527,6 @@ def test_guidance_distillation_target_is_the_flow_target_plus_the_teachers_guida
 
 
 def test_guidance_distillation_trains_and_needs_a_teacher(autoencoder, tmp_path):
-    import subprocess
-    import sys
 
     _, final = autoencoder
     config = dict(autoencoder=str(final), lr=2e-3, warmup=5, save_every=10, **TINY_DIT)
@@ -556,22 +552,7 @@ def test_guidance_distillation_trains_and_needs_a_teacher(autoencoder, tmp_path)
     state = json.loads((run / "latest" / "state.json").read_text())
     assert state["config"]["guidance_scale"] == 2.0 and state["config"]["guidance_teacher"] == str(teacher)
     assert state["config"]["guidance_region"] == "object"
-    cli = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vidgen",
-            "train",
-            "transformer",
-            "--run-dir",
-            str(tmp_path / "y"),
-            "--guidance-scale",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert cli.returncode == 2 and "--guidance-teacher" in cli.stderr and "Traceback" not in cli.stderr
+    _refused_by_train_cli(tmp_path / "y", "--guidance-scale", "2", named="--guidance-teacher")
 
 
 @pytest.mark.slow
@@ -734,8 +715,6 @@ def test_shape_weights_draw_the_samples_shapes_in_proportion(autoencoder, tmp_pa
     """``shape_weights`` sets the shares of circles, squares and triangles among the samples (read
     back from their captions); an empty value keeps the uniform draw and its random stream; the CLI
     refuses a malformed value (exit 2, one line)."""
-    import subprocess
-    import sys
 
     from vidgen.shapes.prompts import parse_prompt
 
@@ -762,12 +741,7 @@ def test_shape_weights_draw_the_samples_shapes_in_proportion(autoencoder, tmp_pa
     for bad in ("1:1", "1:-1:2", "0:0:0", "a:b:c"):
         with pytest.raises(ValueError, match="--shape-weights"):
             check_config(TransformerTrainConfig(shape_weights=bad, **plain))
-    cli = subprocess.run(
-        [sys.executable, "-m", "vidgen", "train", "transformer", "--run-dir", str(tmp_path / "y"),
-         "--shape-weights", "1:2"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert cli.returncode == 2 and "--shape-weights" in cli.stderr and "Traceback" not in cli.stderr
+    cli = _refused_by_train_cli(tmp_path / "y", "--shape-weights", "1:2", named="--shape-weights")
     assert len(cli.stderr.strip().splitlines()) == 1
 
 
@@ -776,8 +750,6 @@ def test_lag_swap_trains_on_lagging_copies_of_captioned_samples(autoencoder, tmp
     (the same object: as many pixels, drawn elsewhere), hands the loss its latents as the swap for
     exactly those samples, forced; a dropped caption keeps its clip; with ``oversize_swap`` 1 too
     the oversize swap takes precedence. The CLI refuses a lag under one frame (exit 2, one line)."""
-    import subprocess
-    import sys
 
     calls = _train_recording_swaps(autoencoder, tmp_path, monkeypatch, lag_swap=1.0, lag_frames=8)
     kinds = set()
@@ -802,12 +774,9 @@ def test_lag_swap_trains_on_lagging_copies_of_captioned_samples(autoencoder, tmp
     )  # fmt: skip
     for _, _, _, batch, _ in both:
         assert all(s.lag_frames is None and (s.oversize_frames is not None) is bool(s.text) for s in batch)
-    cli = subprocess.run(
-        [sys.executable, "-m", "vidgen", "train", "transformer", "--run-dir", str(tmp_path / "y"),
-         "--lag-swap", "0.5", "--lag-frames", "0"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert cli.returncode == 2 and "--lag-frames" in cli.stderr and "Traceback" not in cli.stderr
+    cli = _refused_by_train_cli(
+        tmp_path / "y", "--lag-swap", "0.5", "--lag-frames", "0", named="--lag-frames"
+    )
     assert len(cli.stderr.strip().splitlines()) == 1
 
 
@@ -899,8 +868,6 @@ def test_self_context_trains_on_own_estimates_of_captioned_samples(autoencoder, 
     """A run with ``self_context`` 1 marks exactly the captioned samples without a prompt change,
     hands the loss the model's estimates (the clip's latents on the last chunk, others elsewhere),
     and trains to a finite loss. The CLI refuses a noise range outside [0, 1) (exit 2, one line)."""
-    import subprocess
-    import sys
 
     calls = _train_recording_swaps(autoencoder, tmp_path, monkeypatch, self_context=1.0)
     kinds = set()
@@ -916,12 +883,14 @@ def test_self_context_trains_on_own_estimates_of_captioned_samples(autoencoder, 
         assert torch.equal(estimates[:, :, -2:], latents[:, :, -2:])
         assert (estimates[:, :, :-2] - latents[:, :, :-2]).abs().amax(dim=(1, 2, 3, 4)).min() > 1e-3
     assert kinds == {True, False}
-    cli = subprocess.run(
-        [sys.executable, "-m", "vidgen", "train", "transformer", "--run-dir", str(tmp_path / "y"),
-         "--self-context", "0.5", "--self-context-sigma-max", "1.0"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert cli.returncode == 2 and "--self-context-sigma" in cli.stderr and "Traceback" not in cli.stderr
+    cli = _refused_by_train_cli(
+        tmp_path / "y",
+        "--self-context",
+        "0.5",
+        "--self-context-sigma-max",
+        "1.0",
+        named="--self-context-sigma",
+    )
     assert len(cli.stderr.strip().splitlines()) == 1
 
 
