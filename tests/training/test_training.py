@@ -316,7 +316,8 @@ def _train_recording_swaps(autoencoder, tmp_path, monkeypatch, **swap):
 
     def recording_loss(model, latents, *args, **kwargs):
         swap = args[-2].clone() if args[-2] is not None else None
-        calls.append((latents.clone(), swap, args[-1], list(samples[-latents.shape[0] :]), kwargs))
+        recorded = dict(kwargs, object_weight=args[4])
+        calls.append((latents.clone(), swap, args[-1], list(samples[-latents.shape[0] :]), recorded))
         return loss(model, latents, *args, **kwargs)
 
     monkeypatch.setattr(trainer, "make_sample", recording_make)
@@ -931,3 +932,48 @@ def test_turn_swap_sets_off_the_same_object_in_another_direction(autoencoder, tm
     assert 0.15 < share < 0.45
     with pytest.raises(ValueError, match="--turn-swap"):
         check_config(TransformerTrainConfig(**base, turn_swap=1.5))
+
+
+def test_direction_contrast_weights_the_values_that_tell_the_directions_apart(
+    autoencoder, tmp_path, monkeypatch
+):
+    """A run with ``direction_contrast`` (object weight off) renders, for exactly the captioned
+    samples that name a direction and show a clip's start, the object from the same start moving
+    another way, and weights the loss by ``1 + strength * |z - z'|`` against its latents: level on
+    latent frame 0 (the same frame), above it where the paths part, and flat (the batch's scale) on
+    the other samples. About the share of eligible samples that start at the clip's start has one."""
+    from vidgen.shapes.prompts import parse_prompt
+
+    calls = _train_recording_swaps(
+        autoencoder, tmp_path, monkeypatch, direction_contrast=4.0, object_weight=0.0
+    )
+    turned = 0
+    for _, _, _, batch, kwargs in calls:
+        weight = kwargs["object_weight"]
+        if all(s.other_direction_frames is None for s in batch):
+            assert weight is None
+            continue
+        assert weight.mean().item() == pytest.approx(1.0, rel=1e-5)
+        level = weight.amin().item()  # the weight of 1 after the batch's scaling
+        for k, sample in enumerate(batch):
+            if sample.other_direction_frames is None:
+                torch.testing.assert_close(weight[k], torch.full_like(weight[k], level))
+                continue
+            turned += 1
+            assert sample.text and parse_prompt(sample.text).direction is not None and all(sample.loss_chunks)
+            assert np.array_equal(sample.other_direction_frames[0], sample.frames[0])
+            assert not np.array_equal(sample.other_direction_frames[-1], sample.frames[-1])
+            torch.testing.assert_close(
+                weight[k, :, 0], torch.full_like(weight[k, :, 0], level), atol=1e-3, rtol=1e-3
+            )
+            assert weight[k, :, 1:].amax().item() > 1.5 * level
+    assert turned > 0
+    base = {k: v for k, v in TINY_DIT.items() if k != "model"}
+    rng = np.random.default_rng(0)
+    samples = [make_sample(rng, TransformerTrainConfig(**base, direction_contrast=4.0)) for _ in range(300)]
+    named = [s for s in samples if s.text and parse_prompt(s.text).direction and all(s.loss_chunks)]
+    assert {id(s) for s in samples if s.other_direction_frames is not None} <= {id(s) for s in named}
+    share = sum(s.other_direction_frames is not None for s in named) / len(named)
+    assert 0.15 < share < 0.45  # gap 0 is drawn 30 % of the time
+    with pytest.raises(ValueError, match="--direction-contrast"):
+        check_config(TransformerTrainConfig(**base, direction_contrast=-1.0))

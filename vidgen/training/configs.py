@@ -119,6 +119,13 @@ class TransformerTrainConfig:
     target stays the captioned clip: the model learns to set off in the caption's direction where
     its noisy input shows another. The first chunks' motion is a guess that sampling commits to,
     and the later chunks carry it on (0: off). Costs one more clip through the encoder each."""
+    direction_contrast: float = 0.0
+    """Extra loss weight, as ``shape_contrast`` gives the shape, on the latent values that tell the
+    object's path from the path of the same object setting off from the same place in another of
+    the eight directions, on the captioned samples that show a clip's start (no gap, no prompt
+    change) with a caption that names a direction; that clip is rendered and encoded too (0: off).
+    The first second's motion is a few pixels of a small object, a tiny share of the loss, and a
+    first chunk that sets off the wrong way decides the video until a wall turns it."""
     self_context: float = 0.0
     """Share of the captioned samples without a prompt change whose context chunks are the model's
     own estimates instead of the clip's: chunk by chunk, each noised from the clip to a level drawn

@@ -53,6 +53,7 @@ class Sample:
     oversize_frames: np.ndarray | None = None  # the same frames with the object far too large (oversize_swap)
     lag_frames: np.ndarray | None = None  # the same frames with the object some frames behind (lag_swap)
     turned_frames: np.ndarray | None = None  # from the same start in another direction (turn_swap)
+    other_direction_frames: np.ndarray | None = None  # the same, for direction_contrast's weight
     own_context: bool = False  # its context chunks are the model's own estimates (self_context)
 
     @property
@@ -153,22 +154,29 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         lag = int(rng.integers((config.lag_frames + 1) // 2, config.lag_frames + 1))
         behind = clip.centers[np.maximum(np.arange(len(clip.centers)) - lag, 0)]
         lag_frames = world.redraw(clip, config.size, centers=behind)[picked]
-    turned_frames = None
-    if (
-        config.turn_swap > 0
-        and text
-        and parse_prompt(text).direction is not None  # a caption that names none allows every direction
-        and gap == 0
-        and change_latent is None
-        and oversize_frames is None
-        and lag_frames is None
-        and rng.random() < config.turn_swap
-    ):
+    # a caption that names no direction allows every direction
+    sets_off = bool(text) and gap == 0 and change_latent is None and parse_prompt(text).direction is not None
+
+    def turned_clip() -> np.ndarray:
+        """The object from the clip's start in another of the eight directions."""
         direction = str(rng.choice([d for d in world.DIRECTIONS if d != scene.direction]))
         turned = world.render_clip(
             scene.replace(direction=direction), total_frames, size=config.size, start=tuple(clip.centers[0])
         )
-        turned_frames = turned.frames[picked]
+        return turned.frames[picked]
+
+    turned_frames = None
+    if (
+        config.turn_swap > 0
+        and sets_off
+        and oversize_frames is None
+        and lag_frames is None
+        and rng.random() < config.turn_swap
+    ):
+        turned_frames = turned_clip()
+    other_direction_frames = None
+    if config.direction_contrast > 0 and sets_off:  # drawn only when asked: keeps a run's stream
+        other_direction_frames = turned_clip()
     if change_latent is None:
         loss_chunks = [True] * num_chunks
     else:
@@ -187,6 +195,7 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         oversize_frames=oversize_frames,
         lag_frames=lag_frames,
         turned_frames=turned_frames,
+        other_direction_frames=other_direction_frames,
         own_context=own_context,
     )
 
@@ -384,8 +393,9 @@ def shape_contrast_weight(
     latents: torch.Tensor, other_shape_latents: torch.Tensor, strength: float
 ) -> torch.Tensor:
     """(B, C, F, h, w) weights ``1 + strength * |z - z'|`` (capped at 3 latent stds), scaled to mean 1,
-    where ``z'`` encodes the same clip with another shape: large exactly on the values that carry
-    the shape, so the loss cannot be lowered much while the shape is wrong. The mean is kept at 1 so
+    where ``z'`` encodes the same clip with another shape (or, for ``direction_contrast``, the same
+    start in another direction): large exactly on the values that carry the shape (the direction),
+    so the loss cannot be lowered much while it is wrong. The mean is kept at 1 so
     that the loss scale (and gradient clipping) stay as without it."""
     weight = 1.0 + strength * (latents - other_shape_latents).abs().clamp(max=3.0)
     return weight / weight.mean()
@@ -457,6 +467,11 @@ def check_config(config: TransformerTrainConfig) -> None:
         raise ValueError(f"--oversize-scale must be above 1 (a larger object), got {config.oversize_scale}")
     if config.lag_swap > 0 and config.lag_frames < 1:
         raise ValueError(f"--lag-frames must be at least 1 (video frames of lag), got {config.lag_frames}")
+    for name in ("shape_contrast", "direction_contrast"):
+        if getattr(config, name) < 0:
+            raise ValueError(
+                f"--{name.replace('_', '-')} is an extra weight: 0 or more, got {getattr(config, name)}"
+            )
     for name in ("oversize_swap", "lag_swap", "turn_swap", "self_context"):
         if not 0 <= getattr(config, name) <= 1:
             raise ValueError(f"--{name.replace('_', '-')} is a share: 0 to 1, got {getattr(config, name)}")
@@ -525,11 +540,18 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
                 video = torch.cat(
                     [video, torch.stack([clip_to_tensor(samples[k].forced_swap_frames) for k in forced])]
                 )
+            turning = [k for k, s in enumerate(samples) if s.other_direction_frames is not None]
+            if turning:  # and the direction contrast's
+                video = torch.cat(
+                    [video, torch.stack([clip_to_tensor(samples[k].other_direction_frames) for k in turning])]
+                )
             # bf16 halves the encoder's time; the latents then get noise far above its rounding
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
                 latents = vae.encode(video).latent_dist.mode().float()
             latents = (latents - mean) / std
-            latents, forced_latents = latents.split([len(latents) - len(forced), len(forced)])
+            latents, forced_latents, turned_latents = latents.split(
+                [len(latents) - len(forced) - len(turning), len(forced), len(turning)]
+            )
             other_shape_latents = None
             if other_shape:
                 latents, other_shape_latents = latents.chunk(2)
@@ -544,6 +566,15 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         if config.shape_contrast > 0 and other_shape_latents is not None:
             contrast = shape_contrast_weight(latents, other_shape_latents, config.shape_contrast)
             object_weight = contrast if object_weight is None else contrast * object_weight[:, None]
+        if turning:  # a sample without the other direction's clip has nothing to tell apart
+            other_direction = latents.clone()
+            other_direction[turning] = turned_latents
+            contrast = shape_contrast_weight(latents, other_direction, config.direction_contrast)
+            object_weight = (
+                contrast
+                if object_weight is None
+                else contrast * (object_weight if object_weight.dim() == 5 else object_weight[:, None])
+            )
         swap_latents = None
         if config.shape_swap > 0 and other_shape_latents is not None:
             # a sample without a caption has no shape to draw: its swap is the clip itself
