@@ -9,6 +9,7 @@
     python benchmarks/default_model/diagnose.py shapes       [--model DIR]   # shape drawn per shape named
     python benchmarks/default_model/diagnose.py windows      [--model DIR]   # why 1-s windows fail
     python benchmarks/default_model/diagnose.py direction    [--model DIR]   # why rule 7 fails
+    python benchmarks/default_model/diagnose.py start        [--model DIR]   # direction in the first chunk
 
 Each prints one table; all run on one thread. ``--model`` is a pipeline folder (default: the
 embedded model; a training checkpoint becomes one with ``vidgen train export``); ``--transformer``
@@ -348,6 +349,72 @@ def direction(pipe, prompts: int = 20, seed: int = 0) -> None:
     print("failing axes: " + ", ".join(f"{kind} {n}" for kind, n in kinds.items()))
 
 
+def start(pipe, clips: int = 96) -> None:
+    """Does the model know the caption's direction where the pipeline decides it? Ground-truth clip
+    starts (every canonical caption names a direction), the first chunk noised to sigma from text
+    alone (no context, as the pipeline makes it): the one-step estimate's centroid displacement over
+    its frames, per axis the caption moves on: the share with the named sign, the other sign, or
+    none (under a quarter of the named motion). The same for the second chunk with the clean first
+    chunk as context (where the context has barely moved yet)."""
+    vae, model = pipe.vae, pipe.transformer
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    rng = np.random.default_rng(2)
+    scenes = [world.sample_scene(rng) for _ in range(clips)]
+    c = pipe.config.generation.chunk_frames
+    t = vae.config.scale_factor_temporal
+    n = 1 + (2 * c - 1) * t  # the video frames of 2c latent frames
+    video = torch.stack([clip_to_tensor(world.render_clip(s, n, size=64, rng=rng).frames) for s in scenes])
+    texts = [captions.caption(s) for s in scenes]
+    with torch.no_grad():
+        latents = (vae.encode(video).latent_dist.mode() - mean) / std  # (B, C, 2c, h, w)
+        embedded = pipe.text_encoder(texts)
+    text = torch.cat([embedded, embedded], dim=1)
+    pattern = AttentionPattern.block_causal(model.frame_tokens(*latents.shape[3:]), c)
+    noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(0))
+    speeds = np.array([world.SPEEDS[s.speed] for s in scenes])
+    named = np.array([np.sign(world.DIRECTIONS[s.direction]) for s in scenes])  # (B, 2): x, y
+
+    def tally(x0: torch.Tensor, frames: slice) -> str:
+        with torch.no_grad():
+            decoded = _uint8(vae.decode(x0 * std + mean).sample)[:, frames]
+        right = wrong = still = 0
+        for v, scene, want, speed in zip(decoded, scenes, named, speeds):
+            report = evaluate_video(v, scene)
+            points = [r.centroid for r in report.frames if r.centroid]
+            if len(points) < 2:
+                still += int(np.count_nonzero(want))
+                continue
+            moved = (np.array(points[-1]) - np.array(points[0])) / (len(v) - 1)  # S per frame
+            for got, wanted in zip(moved, want):
+                if wanted == 0:
+                    continue
+                if abs(got) < 0.25 * speed / np.sqrt(np.count_nonzero(want)):
+                    still += 1
+                elif np.sign(got) == wanted:
+                    right += 1
+                else:
+                    wrong += 1
+        total = right + wrong + still
+        return f"{right / total:6.0%} {wrong / total:6.0%} {still / total:6.0%}"
+
+    print(f"{clips} clip starts; per named axis: right sign / wrong sign / no motion")
+    print("sigma  first chunk, no context     second chunk, clean first chunk")
+    for sigma in (0.5, 0.7, 0.8, 0.9, 0.95, 1.0):
+        first = (1 - sigma) * latents[:, :, :c] + sigma * noise[:, :, :c]
+        s = torch.zeros(clips, 2 * c)
+        s[:, c:] = sigma
+        both = (1 - s[:, None, :, None, None]) * latents + s[:, None, :, None, None] * noise
+        with torch.no_grad():
+            v0 = model(first, timestep_of(torch.full((clips, c), sigma)), text, return_dict=False)[0]
+            v1 = model(both, timestep_of(s), text, attention_pattern=pattern, return_dict=False)[0]
+        x0 = first - sigma * v0
+        x1 = both - s[:, None, :, None, None] * v1
+        # the first chunk's frames are 0..c*t-3 (frame 0, then t per later latent frame); the second's
+        # are judged from the last frame of the first on
+        print(f"{sigma:5.2f}  {tally(x0, slice(None)):26s}  {tally(x1, slice(1 + (c - 1) * t - 1, None))}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument(
@@ -362,6 +429,7 @@ def main() -> None:
             "shapes",
             "windows",
             "direction",
+            "start",
         ],
     )
     parser.add_argument("--model", help="pipeline folder (default: the embedded model)")
@@ -375,7 +443,7 @@ def main() -> None:
     if args.check == "overfit":
         return overfit(pipe, args.run)
     checks = {"shape-word": shape_word, "probe": probe, "steps": steps, "autoencoder": autoencoder}
-    checks.update(failures=failures, shapes=shapes, windows=windows, direction=direction)
+    checks.update(failures=failures, shapes=shapes, windows=windows, direction=direction, start=start)
     checks[args.check](pipe)
 
 
