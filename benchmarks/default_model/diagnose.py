@@ -27,7 +27,7 @@ from scipy import ndimage
 from vidgen import LongVideoPipeline
 from vidgen.attention import AttentionPattern
 from vidgen.evaluation import held_out_prompts
-from vidgen.pipelines.scheduler import timestep_of
+from vidgen.pipelines.scheduler import FlowSchedule, timestep_of
 from vidgen.shapes import captions, world
 from vidgen.shapes.evaluate import evaluate_video
 from vidgen.shapes.prompts import parse_prompt
@@ -355,7 +355,9 @@ def start(pipe, clips: int = 96) -> None:
     alone (no context, as the pipeline makes it): the one-step estimate's centroid displacement over
     its frames, per axis the caption moves on: the share with the named sign, the other sign, or
     none (under a quarter of the named motion). The same for the second chunk with the clean first
-    chunk as context (where the context has barely moved yet)."""
+    chunk as context (where the context has barely moved yet). Then the first chunk as samplers make
+    it from pure noise (the pipeline's schedule and others), and the second chunk sampled after the
+    clip's first chunk or after its frame 0 held still (a context without motion)."""
     vae, model = pipe.vae, pipe.transformer
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
     std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
@@ -413,6 +415,48 @@ def start(pipe, clips: int = 96) -> None:
         # the first chunk's frames are 0..c*t-3 (frame 0, then t per later latent frame); the second's
         # are judged from the last frame of the first on
         print(f"{sigma:5.2f}  {tally(x0, slice(None)):26s}  {tally(x1, slice(1 + (c - 1) * t - 1, None))}")
+    # the pipeline's own first chunk: a sampler from pure noise, text alone (the pipeline's, then others)
+    generation = pipe.config.generation
+    schedules = [
+        FlowSchedule(generation.num_inference_steps, generation.shift),
+        FlowSchedule(generation.num_inference_steps, generation.shift, "x0_renoise"),
+        FlowSchedule(2 * generation.num_inference_steps, generation.shift),
+        FlowSchedule(generation.num_inference_steps, 1.0),
+        FlowSchedule(generation.num_inference_steps, 2 * generation.shift),
+    ]
+    for schedule in schedules:
+        x = torch.randn(latents[:, :, :c].shape, generator=torch.Generator().manual_seed(1))
+        renoise = torch.Generator().manual_seed(101)
+        sigmas = schedule.sigmas
+        for here, there in zip(sigmas[:-1], sigmas[1:]):
+            with torch.no_grad():
+                v = model(x, timestep_of(torch.full((clips, c), here)), text, return_dict=False)[0]
+            x = schedule.step_between(x, v, here, there, renoise)
+        name = f"{schedule.sampler.value} {schedule.num_steps} steps, shift {schedule.shift:g}"
+        print(f"sampled first chunk, {name:28s} {tally(x, slice(None))}")
+    # the second chunk sampled (the pipeline's schedule) after a clean first chunk: the clip's own,
+    # or the clip's frame 0 held still (the context shows no motion: the direction is the text's)
+    with torch.no_grad():
+        held = torch.stack([clip_to_tensor(np.repeat(frames[:1], n, axis=0)) for frames in _uint8(video)])
+        still = (vae.encode(held).latent_dist.mode() - mean) / std
+    sigmas = schedules[0].sigmas
+    for name, context in (("the clip's", latents[:, :, :c]), ("held still", still[:, :, :c])):
+        x = torch.randn(latents[:, :, c:].shape, generator=torch.Generator().manual_seed(1))
+        for here, there in zip(sigmas[:-1], sigmas[1:]):
+            s = torch.zeros(clips, 2 * c)
+            s[:, c:] = here
+            with torch.no_grad():
+                v = model(
+                    torch.cat([context, x], 2),
+                    timestep_of(s),
+                    text,
+                    attention_pattern=pattern,
+                    return_dict=False,
+                )[0]
+            x = x + (there - here) * v[:, :, c:]
+        print(
+            f"sampled second chunk, first chunk {name:12s} {tally(torch.cat([context, x], 2), slice(1 + (c - 1) * t - 1, None))}"
+        )
 
 
 def main() -> None:
