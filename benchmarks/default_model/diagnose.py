@@ -357,7 +357,10 @@ def start(pipe, clips: int = 96) -> None:
     none (under a quarter of the named motion). The same for the second chunk with the clean first
     chunk as context (where the context has barely moved yet). Then the first chunk as samplers make
     it from pure noise (the pipeline's schedule and others), and the second chunk sampled after the
-    clip's first chunk or after its frame 0 held still (a context without motion)."""
+    clip's first chunk or after its frame 0 held still (a context without motion). In between, the
+    caption's hold on the direction: the first chunk's estimate under the caption naming the opposite
+    direction (a model that reads the direction from the caption moves it the other way), and the
+    distance between the two estimates relative to the clip's latents."""
     vae, model = pipe.vae, pipe.transformer
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
     std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
@@ -415,6 +418,29 @@ def start(pipe, clips: int = 96) -> None:
         # the first chunk's frames are 0..c*t-3 (frame 0, then t per later latent frame); the second's
         # are judged from the last frame of the first on
         print(f"{sigma:5.2f}  {tally(x0, slice(None)):26s}  {tally(x1, slice(1 + (c - 1) * t - 1, None))}")
+    # the caption's hold on the direction: the same noised first chunks under the caption naming the
+    # opposite direction (still judged against the clip's), and how far the two estimates part
+    opposite = {
+        a: b
+        for a in world.DIRECTIONS
+        for b in world.DIRECTIONS
+        if np.allclose(np.negative(world.DIRECTIONS[a]), world.DIRECTIONS[b])
+    }
+    with torch.no_grad():
+        flipped = pipe.text_encoder(
+            [captions.caption(s.replace(direction=opposite[s.direction])) for s in scenes]
+        )
+    flipped = torch.cat([flipped, flipped], dim=1)
+    print("sigma  first chunk, opposite caption   |x0(caption) - x0(opposite)| / |z|")
+    for sigma in (0.5, 0.8, 0.9, 1.0):
+        first = (1 - sigma) * latents[:, :, :c] + sigma * noise[:, :, :c]
+        with torch.no_grad():
+            v_named = model(first, timestep_of(torch.full((clips, c), sigma)), text, return_dict=False)[0]
+            v_flipped = model(first, timestep_of(torch.full((clips, c), sigma)), flipped, return_dict=False)[
+                0
+            ]
+        parted = float(sigma * (v_named - v_flipped).norm() / latents[:, :, :c].norm())
+        print(f"{sigma:5.2f}  {tally(first - sigma * v_flipped, slice(None)):26s}  {parted:.4f}")
     # the pipeline's own first chunk: a sampler from pure noise, text alone (the pipeline's, then others)
     generation = pipe.config.generation
     schedules = [

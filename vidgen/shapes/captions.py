@@ -34,6 +34,7 @@ __all__ = [
     "canonical_caption",
     "caption",
     "parse_prompt",
+    "random_omissions",
     "storyboard_captions",
     "storyboard_from_text",
 ]
@@ -109,7 +110,7 @@ def caption(
         return canonical_caption(scene_or_spec, omit or ())
     rng = as_rng(rng)
     if omit is None and isinstance(scene_or_spec, Scene):
-        omit = _random_omissions(scene_or_spec, rng)
+        omit = random_omissions(scene_or_spec, rng)
     spec = _as_spec(scene_or_spec, omit or ())
     template = str(rng.choice(HELD_OUT_TEMPLATES if held_out else TRAINING_TEMPLATES))
     return _casing(_fill(template, spec, rng), rng)
@@ -123,7 +124,7 @@ def _as_spec(scene_or_spec: Scene | PromptSpec, omit: Iterable[str]) -> PromptSp
     return scene_or_spec
 
 
-def _random_omissions(
+def random_omissions(
     scene: Scene, rng: np.random.Generator, direction: bool | None = None
 ) -> tuple[str, ...]:
     """Attributes to leave out at random; ``direction`` (when not None) says whether the
@@ -214,7 +215,7 @@ def storyboard_captions(
             caption(
                 scene,
                 rng,
-                omit=_random_omissions(scene, rng, no_direction),
+                omit=random_omissions(scene, rng, no_direction),
                 held_out=held_out,
                 paraphrase=True,
             ),

@@ -126,6 +126,19 @@ class TransformerTrainConfig:
     change) with a caption that names a direction; that clip is rendered and encoded too (0: off).
     The first second's motion is a few pixels of a small object, a tiny share of the loss, and a
     first chunk that sets off the wrong way decides the video until a wall turns it."""
+    direction_pairs: int = 0
+    """Pairs per step, besides the batch, of clip starts that differ only in the direction: the
+    same object from the same place setting off the caption's way and another of the eight ways,
+    each under its own caption (the same phrasing but for the direction). Both are noised with the
+    same noise to the same levels, and ``direction_pair_weight`` times the error of the difference
+    of the two predictions, against the difference of their targets, relative to that target
+    difference's size, is added to the loss. The two inputs are nearly equal at high noise, so only
+    the caption can explain the difference: the loss trains exactly the text's hold on the
+    direction, which the plain loss leaves a tiny share of its error (0: off; 4 keeps the compiled
+    model's shapes when the batch is 8)."""
+    direction_pair_weight: float = 1.0
+    """The weight of the ``direction_pairs`` term (its value starts near 1 for a model that does not
+    read the direction from the caption)."""
     self_context: float = 0.0
     """Share of the captioned samples without a prompt change whose context chunks are the model's
     own estimates instead of the clip's: chunk by chunk, each noised from the clip to a level drawn

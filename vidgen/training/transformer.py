@@ -200,6 +200,80 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
     )
 
 
+@dataclass
+class DirectionPair:
+    """A clip start (``sink_frames + window_frames + chunk_frames`` latent frames, no gap) and the
+    same object from the same place setting off another of the eight ways, with their captions: the
+    same phrasing and omissions, but for the direction, which both name."""
+
+    frames: np.ndarray
+    turned_frames: np.ndarray
+    text: str
+    turned_text: str
+
+
+def make_direction_pair(rng: np.random.Generator, config: TransformerTrainConfig) -> DirectionPair:
+    """One ``direction_pairs`` pair (a fifth with the canonical caption, as ``make_sample``)."""
+    latent_frames = config.sink_frames + config.window_frames + config.chunk_frames
+    total_frames = _video_frames_of_latent(latent_frames - 1)[1]
+    scene = world.sample_scene(rng)
+    if config.shape_weights:
+        scene = scene.replace(
+            shape=str(rng.choice(world.SHAPES, p=shape_probabilities(config.shape_weights)))
+        )
+    clip = world.render_clip(scene, total_frames, size=config.size, rng=rng)
+    turned_scene = scene.replace(
+        direction=str(rng.choice([d for d in world.DIRECTIONS if d != scene.direction]))
+    )
+    turned = world.render_clip(turned_scene, total_frames, size=config.size, start=tuple(clip.centers[0]))
+    if rng.random() < 0.2:
+        text, turned_text = captions.caption(scene), captions.caption(turned_scene)
+    else:
+        omit = captions.random_omissions(scene, rng, direction=False)
+        state = rng.bit_generator.state  # one draw of the phrasing for both captions
+        text = captions.caption(scene, rng, paraphrase=True, omit=omit)
+        rng.bit_generator.state = state
+        turned_text = captions.caption(turned_scene, rng, paraphrase=True, omit=omit)
+    return DirectionPair(clip.frames, turned.frames, text, turned_text)
+
+
+def direction_pair_loss(
+    forward: Callable[..., tuple[torch.Tensor, ...]],
+    latents: torch.Tensor,
+    turned_latents: torch.Tensor,
+    text: torch.Tensor,
+    turned_text: torch.Tensor,
+    config: TransformerTrainConfig,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """The ``direction_pairs`` term: both clips of each pair noised with the same noise to the same
+    level per chunk (drawn as the plain loss draws it, every chunk in the loss, no clean context),
+    one block-causal forward over both halves; the mean squared error of the difference of the two
+    predictions against the difference of the targets (``z' - z``), over the mean square of that
+    target difference. A prediction that ignores the caption's direction scores about 1."""
+    pairs, _, frames, height, width = latents.shape
+    c = config.chunk_frames
+    sigma = shift_sigma(torch.rand(pairs, frames // c, generator=generator), config.sigma_shift)
+    sigma_frames = sigma.repeat_interleave(c, dim=1).repeat(2, 1)  # (2P, F)
+    noise = torch.randn(latents.shape, generator=generator).repeat(2, 1, 1, 1, 1)
+    both = torch.cat([latents, turned_latents])
+    s = sigma_frames[:, None, :, None, None]
+    noisy = (1 - s) * both + s * noise
+    c_p = config.model["patch_size"]
+    pattern = AttentionPattern.block_causal((height // c_p[1]) * (width // c_p[2]), c)
+    pred = forward(
+        noisy,
+        timestep_of(sigma_frames),
+        torch.cat([text, turned_text]),
+        attention_pattern=pattern,
+        return_dict=False,
+    )[0].float()
+    target = noise - both
+    wanted = target[:pairs] - target[pairs:]  # z' - z: the noise is shared
+    error = (pred[:pairs] - pred[pairs:]) - wanted
+    return error.square().mean() / wanted.square().mean().clamp(min=1e-8)
+
+
 def _kind_probabilities(config: TransformerTrainConfig, gap: int) -> list[float]:
     gap_p = config.gap_change_prob if gap > 0 else 0.0
     changes = [config.transition_prob, config.late_appearance_prob, gap_p]
@@ -467,6 +541,11 @@ def check_config(config: TransformerTrainConfig) -> None:
         raise ValueError(f"--oversize-scale must be above 1 (a larger object), got {config.oversize_scale}")
     if config.lag_swap > 0 and config.lag_frames < 1:
         raise ValueError(f"--lag-frames must be at least 1 (video frames of lag), got {config.lag_frames}")
+    if config.direction_pairs < 0 or config.direction_pair_weight < 0:
+        raise ValueError(
+            "--direction-pairs (pairs per step) and --direction-pair-weight are 0 or more, got "
+            f"{config.direction_pairs} and {config.direction_pair_weight}"
+        )
     for name in ("shape_contrast", "direction_contrast"):
         if getattr(config, name) < 0:
             raise ValueError(
@@ -613,7 +692,30 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
                 own_context=own_context,
                 context_latents=context_latents,
             )
-        if not run.update(loss, data_s=round(data_seconds, 3), step_s=round(step_seconds, 3)):
+        logged = {}
+        if config.direction_pairs:
+            pair_started = time.perf_counter()
+            pairs = [make_direction_pair(rng, config) for _ in range(config.direction_pairs)]
+            with torch.no_grad():
+                video = torch.stack(
+                    [clip_to_tensor(p.frames) for p in pairs]
+                    + [clip_to_tensor(p.turned_frames) for p in pairs]
+                )
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+                    pair_latents = (vae.encode(video).latent_dist.mode().float() - mean) / std
+                pair_text = text_pair_batched(
+                    text_encoder,
+                    [p.text for p in pairs] + [p.turned_text for p in pairs],
+                    [p.text for p in pairs] + [p.turned_text for p in pairs],
+                )
+            data_seconds += time.perf_counter() - pair_started
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
+                pair_loss = direction_pair_loss(
+                    forward, *pair_latents.chunk(2), *pair_text.chunk(2), config, generator
+                )
+            loss = loss + config.direction_pair_weight * pair_loss
+            logged["pair"] = round(pair_loss.item(), 4)
+        if not run.update(loss, data_s=round(data_seconds, 3), step_s=round(step_seconds, 3), **logged):
             break
         step_seconds = time.perf_counter() - started
     return run.finish()
