@@ -15,24 +15,57 @@ same command continues from ``RUN_DIR/latest``.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import functools
+import inspect
+import textwrap
 import typing
 
 from vidgen.validation import InputError
 
 
+@functools.cache
+def field_docs(cls) -> dict[str, str]:
+    """The docstrings under a dataclass's fields (and its bases'), by field name, whitespace joined:
+    the help of the flags made from them. Empty where the source cannot be read."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for here, after in zip(body, body[1:]):
+            if (
+                isinstance(here, ast.AnnAssign)
+                and isinstance(here.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[here.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
 def _add_dataclass_options(parser: argparse.ArgumentParser, cls) -> None:
     hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
         flag = "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else None
+        # argparse formats help with %: a literal percent sign in a docstring must be doubled
+        about = docs.get(f.name, "").replace("%", "%%")
+        shown = f"{about} (default {default})".strip()
         if kind is bool:
-            parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=default)
+            parser.add_argument(
+                flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=default, help=shown
+            )
         elif kind in (int, float, str):
-            parser.add_argument(flag, type=kind, default=default, help=f"(default {default})")
+            parser.add_argument(flag, type=kind, default=default, help=shown)
         elif typing.get_origin(kind) is typing.Literal:
-            parser.add_argument(flag, choices=typing.get_args(kind), default=default)
+            parser.add_argument(flag, choices=typing.get_args(kind), default=default, help=about or None)
 
 
 def _config_from_args(cls, args: argparse.Namespace):
