@@ -1038,6 +1038,11 @@ def test_direction_pair_loss_scores_the_difference_of_the_two_predictions():
         torch.testing.assert_close(noisy[:pairs] - noisy[pairs:], (1 - s[:pairs]) * (z - z_turned))
         torch.testing.assert_close(embedded, torch.cat([text, turned_text]))
         assert loss.item() == pytest.approx(expected, abs=1e-5)
+    # the levels mapped onto [direction_pair_sigma_min, 1]: all at or above it, spread across it
+    high = dataclasses.replace(config, direction_pair_sigma_min=0.7)
+    direction_pair_loss(exact(0.0), z, z_turned, text, turned_text, high, torch.Generator().manual_seed(1))
+    levels = seen[-1][1]
+    assert levels.min().item() >= 0.7 and levels.max().item() - levels.min().item() > 0.1
     assert direction_pair_loss(
         lambda noisy, *a, **k: (torch.ones_like(noisy),), z, z_turned, text, turned_text, config, gen
     ).item() == pytest.approx(1.0, abs=1e-6)
@@ -1054,6 +1059,6 @@ def test_direction_pairs_train_and_log_their_term(autoencoder, tmp_path):
     pair = [line["pair"] for line in lines if "pair" in line]
     assert len(pair) == 1 and 0.2 < pair[0] < 5.0
     base = {k: v for k, v in TINY_DIT.items() if k != "model"}
-    for bad in ({"direction_pairs": -1}, {"direction_pair_weight": -0.5}):
+    for bad in ({"direction_pairs": -1}, {"direction_pair_weight": -0.5}, {"direction_pair_sigma_min": 1.0}):
         with pytest.raises(ValueError, match="--direction-pair"):
             check_config(TransformerTrainConfig(**base, **bad))

@@ -139,6 +139,10 @@ class TransformerTrainConfig:
     direction_pair_weight: float = 1.0
     """The weight of the ``direction_pairs`` term (its value starts near 1 for a model that does not
     read the direction from the caption)."""
+    direction_pair_sigma_min: float = 0.0
+    """The pairs' noise levels, drawn per chunk as the plain loss draws them, are mapped onto
+    [this, 1]: the levels where the sampler commits to the direction while its input shows little
+    of it (0: the plain loss's levels)."""
     self_context: float = 0.0
     """Share of the captioned samples without a prompt change whose context chunks are the model's
     own estimates instead of the clip's: chunk by chunk, each noised from the clip to a level drawn

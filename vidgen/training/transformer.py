@@ -247,13 +247,15 @@ def direction_pair_loss(
     generator: torch.Generator,
 ) -> torch.Tensor:
     """The ``direction_pairs`` term: both clips of each pair noised with the same noise to the same
-    level per chunk (drawn as the plain loss draws it, every chunk in the loss, no clean context),
+    level per chunk (drawn as the plain loss draws it, mapped onto ``[direction_pair_sigma_min, 1]``;
+    every chunk in the loss, no clean context),
     one block-causal forward over both halves; the mean squared error of the difference of the two
     predictions against the difference of the targets (``z' - z``), over the mean square of that
     target difference. A prediction that ignores the caption's direction scores about 1."""
     pairs, _, frames, height, width = latents.shape
     c = config.chunk_frames
     sigma = shift_sigma(torch.rand(pairs, frames // c, generator=generator), config.sigma_shift)
+    sigma = config.direction_pair_sigma_min + (1 - config.direction_pair_sigma_min) * sigma
     sigma_frames = sigma.repeat_interleave(c, dim=1).repeat(2, 1)  # (2P, F)
     noise = torch.randn(latents.shape, generator=generator).repeat(2, 1, 1, 1, 1)
     both = torch.cat([latents, turned_latents])
@@ -541,6 +543,10 @@ def check_config(config: TransformerTrainConfig) -> None:
         raise ValueError(f"--oversize-scale must be above 1 (a larger object), got {config.oversize_scale}")
     if config.lag_swap > 0 and config.lag_frames < 1:
         raise ValueError(f"--lag-frames must be at least 1 (video frames of lag), got {config.lag_frames}")
+    if not 0 <= config.direction_pair_sigma_min < 1:
+        raise ValueError(
+            f"--direction-pair-sigma-min is a noise level: 0 to below 1, got {config.direction_pair_sigma_min}"
+        )
     if config.direction_pairs < 0 or config.direction_pair_weight < 0:
         raise ValueError(
             "--direction-pairs (pairs per step) and --direction-pair-weight are 0 or more, got "
