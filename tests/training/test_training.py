@@ -1003,10 +1003,10 @@ def test_direction_pairs_differ_only_in_the_direction():
 
 
 def test_direction_pair_loss_scores_the_difference_of_the_two_predictions():
-    """The pair term, with stand-ins for the model that know the clips: both halves get the same
-    noise (their inputs differ by ``(1 - sigma) (z - z')``) and each its own caption; exact targets
-    score 0, a prediction that ignores the caption (the same for both halves) scores 1, and a
-    difference off by half the target's scores 0.25."""
+    """The pair term, with stand-ins for the model that know the clips: both halves get one input
+    and each its own caption; clean estimates that are the two clips score 0, and off by half their
+    difference 0.25; any prediction made from the input alone (it cannot tell the halves apart)
+    scores 1."""
     from vidgen.pipelines.scheduler import NUM_TRAIN_TIMESTEPS
     from vidgen.training.transformer import direction_pair_loss
 
@@ -1026,7 +1026,7 @@ def test_direction_pair_loss_scores_the_difference_of_the_two_predictions():
         def forward(noisy, timestep, embedded, **_):
             s = (timestep / NUM_TRAIN_TIMESTEPS)[:, None, :, None, None]
             seen.append((noisy, s, embedded))
-            return ((noisy - both) / s + offset,)
+            return ((noisy - both - offset) / s,)  # clean estimate: its half's clip, plus offset
 
         return forward
 
@@ -1035,7 +1035,12 @@ def test_direction_pair_loss_scores_the_difference_of_the_two_predictions():
             exact(offset), z, z_turned, text, turned_text, config, torch.Generator().manual_seed(1)
         )
         noisy, s, embedded = seen[-1]
-        torch.testing.assert_close(noisy[:pairs] - noisy[pairs:], (1 - s[:pairs]) * (z - z_turned))
+        assert torch.equal(noisy[:pairs], noisy[pairs:])
+        # the input is the clips' mean noised (the noise drawn after the levels, from the generator)
+        drawn = torch.Generator().manual_seed(1)
+        torch.rand(pairs, frames // config.chunk_frames, generator=drawn)
+        noise = torch.randn(z.shape, generator=drawn)
+        torch.testing.assert_close(noisy[:pairs], (1 - s[:pairs]) * (z + z_turned) / 2 + s[:pairs] * noise)
         torch.testing.assert_close(embedded, torch.cat([text, turned_text]))
         assert loss.item() == pytest.approx(expected, abs=1e-5)
     # the levels mapped onto [direction_pair_sigma_min, 1]: all at or above it, spread across it
@@ -1043,9 +1048,10 @@ def test_direction_pair_loss_scores_the_difference_of_the_two_predictions():
     direction_pair_loss(exact(0.0), z, z_turned, text, turned_text, high, torch.Generator().manual_seed(1))
     levels = seen[-1][1]
     assert levels.min().item() >= 0.7 and levels.max().item() - levels.min().item() > 0.1
-    assert direction_pair_loss(
-        lambda noisy, *a, **k: (torch.ones_like(noisy),), z, z_turned, text, turned_text, config, gen
-    ).item() == pytest.approx(1.0, abs=1e-6)
+    for blind in (torch.ones_like, lambda noisy: noisy.square() - 3 * noisy):
+        assert direction_pair_loss(
+            lambda noisy, *a, f=blind, **k: (f(noisy),), z, z_turned, text, turned_text, config, gen
+        ).item() == pytest.approx(1.0, abs=1e-6)
 
 
 def test_direction_pairs_train_and_log_their_term(autoencoder, tmp_path):

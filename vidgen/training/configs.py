@@ -129,13 +129,13 @@ class TransformerTrainConfig:
     direction_pairs: int = 0
     """Pairs per step, besides the batch, of clip starts that differ only in the direction: the
     same object from the same place setting off the caption's way and another of the eight ways,
-    each under its own caption (the same phrasing but for the direction). Both are noised with the
-    same noise to the same levels, and ``direction_pair_weight`` times the error of the difference
-    of the two predictions, against the difference of their targets, relative to that target
-    difference's size, is added to the loss. The two inputs are nearly equal at high noise, so only
-    the caption can explain the difference: the loss trains exactly the text's hold on the
-    direction, which the plain loss leaves a tiny share of its error (0: off; 4 keeps the compiled
-    model's shapes when the batch is 8)."""
+    each under its own caption (the same phrasing but for the direction). Both get one input, the
+    mean of the two clips noised, and ``direction_pair_weight`` times the error of the difference of
+    the two clean estimates against the difference of the clips, relative to that difference's
+    size, is added to the loss. Only the captions can explain the difference, so the term trains
+    exactly the caption's hold on the direction, which the plain loss leaves a tiny share of its
+    error: a noisy input shows the direction, and the model learns to read it there instead (0: off;
+    4 keeps the compiled model's shapes when the batch is 8)."""
     direction_pair_weight: float = 1.0
     """The weight of the ``direction_pairs`` term (its value starts near 1 for a model that does not
     read the direction from the caption)."""

@@ -246,33 +246,33 @@ def direction_pair_loss(
     config: TransformerTrainConfig,
     generator: torch.Generator,
 ) -> torch.Tensor:
-    """The ``direction_pairs`` term: both clips of each pair noised with the same noise to the same
-    level per chunk (drawn as the plain loss draws it, mapped onto ``[direction_pair_sigma_min, 1]``;
-    every chunk in the loss, no clean context),
-    one block-causal forward over both halves; the mean squared error of the difference of the two
-    predictions against the difference of the targets (``z' - z``), over the mean square of that
-    target difference. A prediction that ignores the caption's direction scores about 1."""
+    """The ``direction_pairs`` term. Both halves of a pair get the same input: the mean of the two
+    clips' latents noised to a level per chunk (drawn as the plain loss draws it, mapped onto
+    ``[direction_pair_sigma_min, 1]``; every chunk in the loss, no clean context); one
+    block-causal forward over both halves, each under its own caption. The loss is the mean squared
+    error of the difference of the two clean estimates (``noisy - sigma * prediction``) against
+    ``z - z'``, over the mean square of ``z - z'``. With one input, only the captions can tell the
+    two estimates apart (inputs noised from each clip would let the model read the direction off the
+    input instead): a model that ignores the caption's direction scores 1."""
     pairs, _, frames, height, width = latents.shape
     c = config.chunk_frames
     sigma = shift_sigma(torch.rand(pairs, frames // c, generator=generator), config.sigma_shift)
     sigma = config.direction_pair_sigma_min + (1 - config.direction_pair_sigma_min) * sigma
-    sigma_frames = sigma.repeat_interleave(c, dim=1).repeat(2, 1)  # (2P, F)
-    noise = torch.randn(latents.shape, generator=generator).repeat(2, 1, 1, 1, 1)
-    both = torch.cat([latents, turned_latents])
-    s = sigma_frames[:, None, :, None, None]
-    noisy = (1 - s) * both + s * noise
+    s = sigma.repeat_interleave(c, dim=1)[:, None, :, None, None]  # (P, 1, F, 1, 1)
+    noise = torch.randn(latents.shape, generator=generator)
+    noisy = ((1 - s) * (latents + turned_latents) / 2 + s * noise).repeat(2, 1, 1, 1, 1)
     c_p = config.model["patch_size"]
     pattern = AttentionPattern.block_causal((height // c_p[1]) * (width // c_p[2]), c)
     pred = forward(
         noisy,
-        timestep_of(sigma_frames),
+        timestep_of(sigma.repeat_interleave(c, dim=1).repeat(2, 1)),
         torch.cat([text, turned_text]),
         attention_pattern=pattern,
         return_dict=False,
     )[0].float()
-    target = noise - both
-    wanted = target[:pairs] - target[pairs:]  # z' - z: the noise is shared
-    error = (pred[:pairs] - pred[pairs:]) - wanted
+    estimate = noisy - s.repeat(2, 1, 1, 1, 1) * pred
+    wanted = latents - turned_latents
+    error = (estimate[:pairs] - estimate[pairs:]) - wanted
     return error.square().mean() / wanted.square().mean().clamp(min=1e-8)
 
 
