@@ -10,6 +10,7 @@
     python benchmarks/default_model/diagnose.py windows      [--model DIR]   # why 1-s windows fail
     python benchmarks/default_model/diagnose.py direction    [--model DIR]   # why rule 7 fails
     python benchmarks/default_model/diagnose.py start        [--model DIR]   # direction in the first chunk
+    python benchmarks/default_model/diagnose.py attributes   [--model DIR]   # each word's hold on the estimate
 
 Each prints one table; all run on one thread. ``--model`` is a pipeline folder (default: the
 embedded model; a training checkpoint becomes one with ``vidgen train export``); ``--transformer``
@@ -485,6 +486,58 @@ def start(pipe, clips: int = 96) -> None:
         )
 
 
+def attributes(pipe, pairs: int = 24) -> None:
+    """Does each word of the caption reach the estimate? Held-out clip starts paired with the same
+    object from the same place with one attribute changed (colour, shape, size or direction), both
+    given one input (the two clips' latents averaged, noised) under their own captions: the first
+    chunk's estimates' difference against the clips' difference, relative to its size. 1: the word
+    changes nothing; near 0 where the input places the object: the word draws what it says."""
+    vae, model = pipe.vae, pipe.transformer
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    c = pipe.config.generation.chunk_frames
+    t = vae.config.scale_factor_temporal
+    n = 1 + (2 * c - 1) * t
+    pattern = None
+    print("first-chunk difference term, one input, per attribute changed")
+    print("attribute   " + "  ".join(f"sigma {s:4.2f}" for s in (0.5, 0.8, 0.9, 1.0)))
+    for attribute in ("color", "shape", "size", "direction"):
+        rng = np.random.default_rng(200)
+        first, other, texts, other_texts = [], [], [], []
+        while len(first) < pairs:
+            scene = world.sample_scene(rng)
+            options = [v for v in world.choices(attribute) if v != getattr(scene, attribute)]
+            changed = scene.replace(**{attribute: str(rng.choice(options))})
+            clip = world.render_clip(scene, n, size=64, rng=rng)
+            try:  # a larger object may not fit where the smaller one starts
+                turned = world.render_clip(changed, n, size=64, start=tuple(clip.centers[0]))
+            except ValueError:
+                continue
+            first.append(clip_to_tensor(clip.frames))
+            other.append(clip_to_tensor(turned.frames))
+            texts.append(captions.caption(scene))
+            other_texts.append(captions.caption(changed))
+        with torch.no_grad():
+            latents = (vae.encode(torch.stack(first + other)).latent_dist.mode() - mean) / std
+            embedded = pipe.text_encoder(texts + other_texts)
+        z, z_other = latents.chunk(2)
+        text = torch.cat([embedded, embedded], dim=1)
+        if pattern is None:
+            pattern = AttentionPattern.block_causal(model.frame_tokens(*latents.shape[3:]), c)
+        row = []
+        for sigma in (0.5, 0.8, 0.9, 1.0):
+            noise = torch.randn(z.shape, generator=torch.Generator().manual_seed(5))
+            noisy = ((1 - sigma) * (z + z_other) / 2 + sigma * noise).repeat(2, 1, 1, 1, 1)
+            frames = torch.full((2 * pairs, z.shape[2]), sigma)
+            with torch.no_grad():
+                v = model(noisy, timestep_of(frames), text, attention_pattern=pattern, return_dict=False)[0]
+            estimate = noisy - sigma * v
+            wanted = (z - z_other)[:, :, :c]
+            error = (estimate[:pairs] - estimate[pairs:])[:, :, :c] - wanted
+            row.append(float(error.square().mean() / wanted.square().mean()))
+        print(f"{attribute:10s}  " + "  ".join(f"{r:10.3f}" for r in row))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument(
@@ -500,6 +553,7 @@ def main() -> None:
             "windows",
             "direction",
             "start",
+            "attributes",
         ],
     )
     parser.add_argument("--model", help="pipeline folder (default: the embedded model)")
@@ -514,6 +568,7 @@ def main() -> None:
         return overfit(pipe, args.run)
     checks = {"shape-word": shape_word, "probe": probe, "steps": steps, "autoencoder": autoencoder}
     checks.update(failures=failures, shapes=shapes, windows=windows, direction=direction, start=start)
+    checks.update(attributes=attributes)
     checks[args.check](pipe)
 
 
