@@ -498,7 +498,6 @@ def attributes(pipe, pairs: int = 24) -> None:
     c = pipe.config.generation.chunk_frames
     t = vae.config.scale_factor_temporal
     n = 1 + (2 * c - 1) * t
-    pattern = None
     print("first-chunk difference term, one input, per attribute changed")
     print("attribute   " + "  ".join(f"sigma {s:4.2f}" for s in (0.5, 0.8, 0.9, 1.0)))
     for attribute in ("color", "shape", "size", "direction"):
@@ -522,8 +521,7 @@ def attributes(pipe, pairs: int = 24) -> None:
             embedded = pipe.text_encoder(texts + other_texts)
         z, z_other = latents.chunk(2)
         text = torch.cat([embedded, embedded], dim=1)
-        if pattern is None:
-            pattern = AttentionPattern.block_causal(model.frame_tokens(*latents.shape[3:]), c)
+        pattern = AttentionPattern.block_causal(model.frame_tokens(*latents.shape[3:]), c)
         row = []
         for sigma in (0.5, 0.8, 0.9, 1.0):
             noise = torch.randn(z.shape, generator=torch.Generator().manual_seed(5))

@@ -86,6 +86,26 @@ def fixed_sample_rng(config: TransformerTrainConfig, index: int) -> np.random.Ge
     return np.random.default_rng([config.seed, 1 << 40, index])
 
 
+def _draw_scene(rng: np.random.Generator, config: TransformerTrainConfig) -> world.Scene:
+    """A scene; with ``shape_weights``, its shape redrawn by them (drawn only when asked: a run
+    without it keeps its random stream)."""
+    scene = world.sample_scene(rng)
+    if config.shape_weights:
+        scene = scene.replace(
+            shape=str(rng.choice(world.SHAPES, p=shape_probabilities(config.shape_weights)))
+        )
+    return scene
+
+
+def _turned_clip(
+    rng: np.random.Generator, scene: world.Scene, clip: world.Clip, config: TransformerTrainConfig
+) -> tuple[world.Scene, world.Clip]:
+    """The object of ``clip`` from its start in another of the eight directions (the scene, the clip)."""
+    direction = str(rng.choice([d for d in world.DIRECTIONS if d != scene.direction]))
+    turned = scene.replace(direction=direction)
+    return turned, world.render_clip(turned, len(clip.frames), size=config.size, start=tuple(clip.centers[0]))
+
+
 def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sample:
     c, s, w = config.chunk_frames, config.sink_frames, config.window_frames
     gap = 0 if rng.random() < 0.3 else int(rng.integers(1, config.max_gap + 1))
@@ -94,11 +114,7 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
     num_chunks = len(latent_indices) // c
     total_frames = _video_frames_of_latent(latent_indices[-1])[1]
 
-    scene = world.sample_scene(rng)
-    if config.shape_weights:  # drawn only when asked: a run without it keeps its random stream
-        scene = scene.replace(
-            shape=str(rng.choice(world.SHAPES, p=shape_probabilities(config.shape_weights)))
-        )
+    scene = _draw_scene(rng, config)
     kind = rng.choice(
         ["plain", "transition", "late", "gap"],
         p=_kind_probabilities(config, gap),
@@ -157,14 +173,6 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
     # a caption that names no direction allows every direction
     sets_off = bool(text) and gap == 0 and change_latent is None and parse_prompt(text).direction is not None
 
-    def turned_clip() -> np.ndarray:
-        """The object from the clip's start in another of the eight directions."""
-        direction = str(rng.choice([d for d in world.DIRECTIONS if d != scene.direction]))
-        turned = world.render_clip(
-            scene.replace(direction=direction), total_frames, size=config.size, start=tuple(clip.centers[0])
-        )
-        return turned.frames[picked]
-
     turned_frames = None
     if (
         config.turn_swap > 0
@@ -173,10 +181,10 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         and lag_frames is None
         and rng.random() < config.turn_swap
     ):
-        turned_frames = turned_clip()
+        turned_frames = _turned_clip(rng, scene, clip, config)[1].frames[picked]
     other_direction_frames = None
     if config.direction_contrast > 0 and sets_off:  # drawn only when asked: keeps a run's stream
-        other_direction_frames = turned_clip()
+        other_direction_frames = _turned_clip(rng, scene, clip, config)[1].frames[picked]
     if change_latent is None:
         loss_chunks = [True] * num_chunks
     else:
@@ -216,16 +224,9 @@ def make_direction_pair(rng: np.random.Generator, config: TransformerTrainConfig
     """One ``direction_pairs`` pair (a fifth with the canonical caption, as ``make_sample``)."""
     latent_frames = config.sink_frames + config.window_frames + config.chunk_frames
     total_frames = _video_frames_of_latent(latent_frames - 1)[1]
-    scene = world.sample_scene(rng)
-    if config.shape_weights:
-        scene = scene.replace(
-            shape=str(rng.choice(world.SHAPES, p=shape_probabilities(config.shape_weights)))
-        )
+    scene = _draw_scene(rng, config)
     clip = world.render_clip(scene, total_frames, size=config.size, rng=rng)
-    turned_scene = scene.replace(
-        direction=str(rng.choice([d for d in world.DIRECTIONS if d != scene.direction]))
-    )
-    turned = world.render_clip(turned_scene, total_frames, size=config.size, start=tuple(clip.centers[0]))
+    turned_scene, turned = _turned_clip(rng, scene, clip, config)
     if rng.random() < 0.2:
         text, turned_text = captions.caption(scene), captions.caption(turned_scene)
     else:
@@ -709,11 +710,8 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
                 )
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
                     pair_latents = (vae.encode(video).latent_dist.mode().float() - mean) / std
-                pair_text = text_pair_batched(
-                    text_encoder,
-                    [p.text for p in pairs] + [p.turned_text for p in pairs],
-                    [p.text for p in pairs] + [p.turned_text for p in pairs],
-                )
+                texts = [p.text for p in pairs] + [p.turned_text for p in pairs]
+                pair_text = text_pair_batched(text_encoder, texts, texts)  # no prompt change
             data_seconds += time.perf_counter() - pair_started
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
                 pair_loss = direction_pair_loss(
