@@ -1068,3 +1068,119 @@ def test_direction_pairs_train_and_log_their_term(autoencoder, tmp_path):
     for bad in ({"direction_pairs": -1}, {"direction_pair_weight": -0.5}, {"direction_pair_sigma_min": 1.0}):
         with pytest.raises(ValueError, match="--direction-pair"):
             check_config(TransformerTrainConfig(**base, **bad))
+
+
+def test_sample_workers_draw_each_sample_from_its_own_stream():
+    """Worker processes give every step the samples of its (seed, step, index) streams, in index
+    order, however many workers there are and however the batch is split among them."""
+    from vidgen.training.transformer import OBJECT_COVERAGE, SampleWorkers, latent_object_weight, sample_rng
+
+    config = TransformerTrainConfig(
+        batch_size=5, data_workers=2, shape_contrast=4, direction_contrast=4, seed=3
+    )
+    workers = SampleWorkers(config, ahead=1, per_task=2)
+    try:
+        got = {step: workers.take(step) for step in (7, 8, 10)}
+    finally:
+        workers.close()
+    one = SampleWorkers(dataclasses.replace(config, data_workers=1), ahead=0, per_task=5)
+    try:
+        alone = one.take(8)
+    finally:
+        one.close()
+    for step, samples in got.items():
+        wanted = [make_sample(sample_rng(config, step, i), config) for i in range(5)]
+        assert [s.text for s in samples] == [w.text for w in wanted]
+        for s, w in zip(samples, wanted):
+            np.testing.assert_array_equal(s.frames, w.frames)
+            np.testing.assert_array_equal(s.other_shape_frames, w.other_shape_frames)
+            np.testing.assert_array_equal(s.masks, w.masks > OBJECT_COVERAGE)  # sent as booleans
+
+        # ... which weight the same latent cells as the coverage does
+        def weight(m):
+            return latent_object_weight(torch.from_numpy(np.stack(m).astype(np.float32)), 4, 8, 8.0)
+
+        assert torch.equal(weight([s.masks for s in samples]), weight([w.masks for w in wanted]))
+        assert weight([w.masks for w in wanted]).gt(1).any()
+    assert [s.text for s in alone] == [s.text for s in got[8]]
+    np.testing.assert_array_equal(alone[4].frames, got[8][4].frames)
+    # distinct streams: no two samples of a step, nor one index across steps, repeat
+    assert len({s.frames.tobytes() for s in got[7]} | {got[8][0].frames.tobytes()}) == 6
+
+
+def test_clips_to_tensor_converts_a_batch_as_clip_to_tensor_converts_each():
+    from vidgen.training.data import clip_to_tensor, clips_to_tensor
+
+    clips = [np.random.default_rng(k).integers(0, 256, (5, 8, 8, 3), dtype=np.uint8) for k in range(3)]
+    batch = clips_to_tensor(clips)
+    assert batch.shape == (3, 3, 5, 8, 8) and batch.dtype == torch.float32
+    torch.testing.assert_close(batch, torch.stack([clip_to_tensor(c) for c in clips]), rtol=0, atol=0)
+
+
+def test_a_run_with_data_workers_resumes_exactly_whatever_the_workers(autoencoder, tmp_path):
+    """The batch of a step is the same with one worker or two, and a stretch that stops with
+    steps prefetched resumes where it stopped."""
+    _, final = autoencoder
+    config = dict(autoencoder=str(final), lr=2e-3, warmup=2, save_every=2, steps=4, **TINY_DIT)
+    two = tmp_path / "two"
+    train_transformer(TransformerTrainConfig(run_dir=str(two), data_workers=2, **config))
+    split = tmp_path / "split"
+    for _ in range(2):
+        train_transformer(
+            TransformerTrainConfig(run_dir=str(split), data_workers=1, stretch_steps=2, **config)
+        )
+    plain = tmp_path / "plain"
+    train_transformer(TransformerTrainConfig(run_dir=str(plain), **config))
+    from safetensors.torch import load_file
+
+    a, b, c = (load_file(str(d / "latest" / "model.safetensors")) for d in (two, split, plain))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)  # per-sample streams: other data than in-process
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_loss_on_cuda_is_the_loss_on_the_cpu():
+    """The same weights, batch and generator seed give the same loss on the GPU as on the CPU:
+    every draw comes from the CPU generator (fp32 matmuls, no TF32: within 1e-4)."""
+    from tests.tiny import TINY_TRANSFORMER as arch
+    from vidgen.models import CausalWanTransformer
+    from vidgen.training.transformer import diffusion_forcing_loss, own_context_estimates
+
+    config = TransformerTrainConfig(model={**arch, "rope_max_seq_len": 32}, shape_swap=0.5, self_context=0.5)
+    torch.manual_seed(0)
+    model = CausalWanTransformer(**config.model)
+    latents = torch.randn(3, arch["in_channels"], 6, 4, 4)
+    other = torch.randn_like(latents)
+    text = torch.randn(3, 8, arch["text_dim"])
+    loss_chunks = torch.tensor([[True] * 3, [False, True, True], [True] * 3])
+    weight = torch.rand(3, 6, 4, 4) + 0.5
+    own = torch.tensor([True, False, True])
+    losses = []
+    for device in ("cpu", "cuda"):
+        m = model.to(device)
+        args = [t.to(device) for t in (latents, text, loss_chunks)]
+        context = own_context_estimates(m, args[0], args[1], config, torch.Generator().manual_seed(5))
+        loss = diffusion_forcing_loss(
+            m,
+            *args,
+            config,
+            torch.Generator().manual_seed(7),
+            weight.to(device),
+            other_shape_latents=other.to(device),
+            own_context=own.to(device),
+            context_latents=context,
+        )
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_run_on_cuda_with_data_workers_trains(autoencoder, tmp_path):
+    _, final = autoencoder
+    run = tmp_path / "cuda"
+    config = dict(autoencoder=str(final), lr=2e-3, warmup=5, save_every=10, steps=20, **TINY_DIT)
+    train_transformer(TransformerTrainConfig(run_dir=str(run), device="cuda", data_workers=2, **config))
+    losses = _losses(run)
+    assert len(losses) == 4 and losses[-1] < losses[0]

@@ -218,6 +218,15 @@ class TransformerTrainConfig:
             rope_max_seq_len=256,
         )
     )
+    device: str = "cpu"
+    """Where the transformer, the autoencoder and the text encoder run: ``cpu`` or ``cuda``
+    (``cuda:1`` ...). The clips are drawn on the CPU, and every random draw of the loss comes from a
+    CPU generator, so a step's noise does not depend on the device."""
+    data_workers: int = 0
+    """Processes that draw and render the clips, a step ahead of the training (0: in the training
+    process, between steps). With workers each sample draws from its own stream (seed, step,
+    index), so the data does not depend on how many workers there are, but differs from a run
+    without them. For a GPU, whose steps outrun one CPU core's rendering."""
     seed: int = 0
     log_every: int = 50
     save_every: int = 1000

@@ -36,7 +36,7 @@ from vidgen.shapes import captions, world
 from vidgen.shapes.prompts import parse_prompt
 from vidgen.training.checkpoint import load_transformer
 from vidgen.training.configs import TransformerTrainConfig
-from vidgen.training.data import clip_to_tensor
+from vidgen.training.data import clips_to_tensor
 from vidgen.training.loop import TrainingRun
 
 # ----------------------------------------------------------------------------- samples
@@ -84,6 +84,67 @@ def _changed_scene(rng: np.random.Generator, scene: world.Scene, attributes: tup
 def fixed_sample_rng(config: TransformerTrainConfig, index: int) -> np.random.Generator:
     """The generator that makes fixed sample ``index`` of an ``overfit_clips`` run."""
     return np.random.default_rng([config.seed, 1 << 40, index])
+
+
+def sample_rng(config: TransformerTrainConfig, step: int, index: int) -> np.random.Generator:
+    """The stream of sample ``index`` of step ``step`` when the samples are drawn in worker
+    processes (``data_workers``): each its own, so the batch does not depend on the workers."""
+    return np.random.default_rng([config.seed, step, index])
+
+
+def _ignore_stop_signals() -> None:
+    # Ctrl-C reaches the whole process group: the trainer saves the step in flight and closes
+    # the pool, which a worker killed by the signal would have broken first
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _worker_samples(config: TransformerTrainConfig, step: int, indices: range) -> list[Sample]:
+    samples = [make_sample(sample_rng(config, step, i), config) for i in indices]
+    for sample in samples:
+        # the training reads the masks only through latent_object_weight's threshold: sent as
+        # booleans (a quarter of the bytes, a sixth of a sample's), they weight the same cells
+        sample.masks = sample.masks > OBJECT_COVERAGE
+    return samples
+
+
+class SampleWorkers:
+    """Draws and renders the batches of the coming steps in ``config.data_workers`` processes
+    (spawned: the parent may hold a CUDA context), ``ahead`` steps ahead of the one taken."""
+
+    def __init__(self, config: TransformerTrainConfig, ahead: int = 2, per_task: int = 4) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.config = config
+        self.ahead = ahead
+        self.spans = [
+            range(lo, min(lo + per_task, config.batch_size)) for lo in range(0, config.batch_size, per_task)
+        ]
+        self.executor = ProcessPoolExecutor(
+            config.data_workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_ignore_stop_signals,
+        )
+        self.pending: dict[int, list] = {}
+
+    def take(self, step: int) -> list[Sample]:
+        """Step ``step``'s samples, in index order (and the next steps' set going)."""
+        for s in range(step, step + self.ahead + 1):
+            if s not in self.pending:
+                self.pending[s] = [
+                    self.executor.submit(_worker_samples, self.config, s, span) for span in self.spans
+                ]
+        for stale in [s for s in self.pending if s < step]:  # none, unless a caller skips steps
+            for future in self.pending.pop(stale):
+                future.cancel()
+        return [sample for future in self.pending.pop(step) for sample in future.result()]
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.pending = {}
 
 
 def _draw_scene(rng: np.random.Generator, config: TransformerTrainConfig) -> world.Scene:
@@ -257,10 +318,11 @@ def direction_pair_loss(
     input instead): a model that ignores the caption's direction scores 1."""
     pairs, _, frames, height, width = latents.shape
     c = config.chunk_frames
-    sigma = shift_sigma(torch.rand(pairs, frames // c, generator=generator), config.sigma_shift)
+    u = torch.rand(pairs, frames // c, generator=generator).to(latents.device)
+    sigma = shift_sigma(u, config.sigma_shift)
     sigma = config.direction_pair_sigma_min + (1 - config.direction_pair_sigma_min) * sigma
     s = sigma.repeat_interleave(c, dim=1)[:, None, :, None, None]  # (P, 1, F, 1, 1)
-    noise = torch.randn(latents.shape, generator=generator)
+    noise = torch.randn(latents.shape, generator=generator).to(latents.device)
     noisy = ((1 - s) * (latents + turned_latents) / 2 + s * noise).repeat(2, 1, 1, 1, 1)
     c_p = config.model["patch_size"]
     pattern = AttentionPattern.block_causal((height // c_p[1]) * (width // c_p[2]), c)
@@ -380,21 +442,23 @@ def diffusion_forcing_loss(
     noised as a clean context is) are ``context_latents`` -- the model's own estimates
     (``own_context_estimates``) -- and leave the loss; their last chunk is unchanged."""
     batch, _, frames, height, width = latents.shape
+    device = latents.device
     c = config.chunk_frames
     num_chunks = frames // c
-    u = torch.rand(batch, num_chunks, generator=generator)
+    # every draw from the CPU generator, then moved: the noise does not depend on the device
+    u = torch.rand(batch, num_chunks, generator=generator).to(device)
     sigma = shift_sigma(u, config.sigma_shift)
-    clean_context = torch.rand(batch, generator=generator) < config.clean_context_prob
+    clean_context = (torch.rand(batch, generator=generator) < config.clean_context_prob).to(device)
     if own_context is not None:
         clean_context = clean_context | own_context
-    small = torch.rand(batch, num_chunks, generator=generator) * config.context_sigma_max
-    context_mask = torch.zeros(batch, num_chunks, dtype=torch.bool)
+    small = (torch.rand(batch, num_chunks, generator=generator) * config.context_sigma_max).to(device)
+    context_mask = torch.zeros(batch, num_chunks, dtype=torch.bool, device=device)
     context_mask[clean_context, :-1] = True
     context_mask |= ~loss_chunks  # frames of the old prompt are context
     sigma = torch.where(context_mask, small, sigma)
     sigma_frames = sigma.repeat_interleave(c, dim=1)  # (B, F)
 
-    noise = torch.randn(latents.shape, generator=generator)
+    noise = torch.randn(latents.shape, generator=generator).to(device)
     s = sigma_frames[:, None, :, None, None]
     noisy = (1 - s) * latents + s * noise
     target = noise - latents
@@ -405,7 +469,7 @@ def diffusion_forcing_loss(
         loss_chunks = loss_chunks & ~estimated
     if other_shape_latents is not None and (config.shape_swap > 0 or forced_swap is not None):
         # drawn after the noise: a run without the swap keeps its random stream
-        swapped = torch.rand(batch, generator=generator) < config.shape_swap
+        swapped = (torch.rand(batch, generator=generator) < config.shape_swap).to(device)
         if forced_swap is not None:
             swapped = swapped | forced_swap
         where = swapped[:, None] & ~context_mask & (sigma >= config.shape_swap_sigma)  # (B, chunks)
@@ -443,10 +507,11 @@ def own_context_estimates(
     ``config.self_context_sigma_min``..``_max`` and estimated against the estimates of chunks < k,
     which it sees at timestep 0 as the pipeline caches its finished chunks."""
     batch, _, frames, height, width = latents.shape
+    device = latents.device
     c = config.chunk_frames
     low, high = config.self_context_sigma_min, config.self_context_sigma_max
-    sigma = low + (high - low) * torch.rand(batch, frames // c - 1, generator=generator)
-    noise = torch.randn(latents[:, :, :-c].shape, generator=generator)
+    sigma = (low + (high - low) * torch.rand(batch, frames // c - 1, generator=generator)).to(device)
+    noise = torch.randn(latents[:, :, :-c].shape, generator=generator).to(device)
     c_p = config.model["patch_size"]
     pattern = AttentionPattern.block_causal((height // c_p[1]) * (width // c_p[2]), c)
     out = latents.clone()
@@ -454,7 +519,9 @@ def own_context_estimates(
         here = slice(k * c, (k + 1) * c)
         s = sigma[:, k, None, None, None, None]
         noisy = (1 - s) * latents[:, :, here] + s * noise[:, :, here]
-        sigma_frames = torch.cat([torch.zeros(batch, k * c), sigma[:, k, None].expand(batch, c)], dim=1)
+        sigma_frames = torch.cat(
+            [torch.zeros(batch, k * c, device=device), sigma[:, k, None].expand(batch, c)], dim=1
+        )
         pred = model(
             torch.cat([out[:, :, : k * c], noisy], dim=2),
             timestep_of(sigma_frames),
@@ -478,10 +545,15 @@ def shape_contrast_weight(
     return weight / weight.mean()
 
 
+OBJECT_COVERAGE = 0.05
+"""A pixel whose object coverage is above this counts as the object's (``latent_object_weight``)."""
+
+
 def latent_object_weight(masks: torch.Tensor, temporal: int, spatial: int, strength: float) -> torch.Tensor:
     """``1 + strength`` on latent cells the object covers (and their neighbours), 1 elsewhere.
 
-    masks: (B, 1 + t*k, S, S) coverage -> (B, 1 + k, S/s, S/s). The object is a few percent of a
+    masks: (B, 1 + t*k, S, S) coverage (or coverage > ``OBJECT_COVERAGE`` as 0/1: the same weights)
+    -> (B, 1 + k, S/s, S/s). The object is a few percent of a
     frame; weighting its cells makes the model learn its colour, shape and motion sooner. The
     weighted regression has the same minimiser, per element, as the plain one.
     """
@@ -489,7 +561,7 @@ def latent_object_weight(masks: torch.Tensor, temporal: int, spatial: int, stren
     grouped = torch.cat([first, rest.unflatten(1, (-1, temporal)).amax(dim=2)], dim=1)  # (B, 1 + k, S, S)
     cells = torch.nn.functional.max_pool2d(grouped, spatial)  # (B, 1 + k, S/s, S/s)
     near = torch.nn.functional.max_pool2d(cells, 3, stride=1, padding=1)
-    return 1.0 + strength * (near > 0.05).float()
+    return 1.0 + strength * (near > OBJECT_COVERAGE).float()
 
 
 # ----------------------------------------------------------------------------- loop
@@ -561,6 +633,12 @@ def check_config(config: TransformerTrainConfig) -> None:
     for name in ("oversize_swap", "lag_swap", "turn_swap", "self_context"):
         if not 0 <= getattr(config, name) <= 1:
             raise ValueError(f"--{name.replace('_', '-')} is a share: 0 to 1, got {getattr(config, name)}")
+    if config.data_workers < 0:
+        raise ValueError(f"--data-workers is a number of processes: 0 or more, got {config.data_workers}")
+    try:
+        torch.device(config.device)
+    except RuntimeError as err:
+        raise ValueError(f"--device {config.device!r}: {err}") from None
     low, high = config.self_context_sigma_min, config.self_context_sigma_max
     if config.self_context > 0 and not 0 <= low <= high < 1:
         raise ValueError(
@@ -573,16 +651,17 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
-    vae = load_autoencoder(config.autoencoder)
-    mean, std = latent_stats(vae)
+    device = torch.device(config.device)
+    vae = load_autoencoder(config.autoencoder).to(device)
+    mean, std = (t.to(device) for t in latent_stats(vae))
     temporal, spatial = vae.config.scale_factor_temporal, vae.config.scale_factor_spatial
-    text_encoder = MiniLMTextEncoder.load(max_length=config.text_max_length)
+    text_encoder = MiniLMTextEncoder.load(max_length=config.text_max_length, device=device)
 
     architecture = dict(config.model)
     if config.spatial_pos:
         _, p_h, p_w = architecture.get("patch_size", (1, 2, 2))
         architecture["spatial_pos_grid"] = (config.size // spatial // p_h, config.size // spatial // p_w)
-    model = CausalWanTransformer(**architecture)
+    model = CausalWanTransformer(**architecture).to(device)
     optimizer = torch.optim.AdamW(
         _parameter_groups(model, config), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99)
     )
@@ -590,7 +669,7 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
     guidance = None
     if config.guidance_scale != 1.0:
         guidance = GuidanceTeacher(
-            load_transformer(config.guidance_teacher),
+            load_transformer(config.guidance_teacher).to(device),
             config.guidance_scale,
             text_pair_batched(text_encoder, [""], [""]),
             compile=config.compile,
@@ -603,123 +682,125 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         # of 8 the remaining layers would run eagerly
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     step_seconds = 0.0  # the previous step, logged with the share spent making its data
-    while not run.done:
-        started = time.perf_counter()
-        rng = np.random.default_rng([config.seed, run.step])  # data is a function of the step: resumable
-        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + run.step)
-        if config.overfit_clips:
-            picks = [
-                (run.step * config.batch_size + i) % config.overfit_clips for i in range(config.batch_size)
-            ]
-            samples = [make_sample(fixed_sample_rng(config, k), config) for k in picks]
-        else:
-            samples = [make_sample(rng, config) for _ in range(config.batch_size)]
-        with torch.no_grad():
-            video = torch.stack([clip_to_tensor(s.frames) for s in samples])
-            other_shape = config.shape_contrast > 0 or config.shape_swap > 0
-            if other_shape:  # both versions through the encoder in one batch
-                video = torch.cat(
-                    [video, torch.stack([clip_to_tensor(s.other_shape_frames) for s in samples])]
-                )
-            forced = [k for k, s in enumerate(samples) if s.forced_swap_frames is not None]
-            if forced:  # and the oversize and lag swaps'
-                video = torch.cat(
-                    [video, torch.stack([clip_to_tensor(samples[k].forced_swap_frames) for k in forced])]
-                )
-            turning = [k for k, s in enumerate(samples) if s.other_direction_frames is not None]
-            if turning:  # and the direction contrast's
-                video = torch.cat(
-                    [video, torch.stack([clip_to_tensor(samples[k].other_direction_frames) for k in turning])]
-                )
-            # bf16 halves the encoder's time; the latents then get noise far above its rounding
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-                latents = vae.encode(video).latent_dist.mode().float()
-            latents = (latents - mean) / std
-            latents, forced_latents, turned_latents = latents.split(
-                [len(latents) - len(forced) - len(turning), len(forced), len(turning)]
-            )
-            other_shape_latents = None
-            if other_shape:
-                latents, other_shape_latents = latents.chunk(2)
-            text = text_pair_batched(
-                text_encoder, [s.text for s in samples], [s.previous_text for s in samples]
-            )
-        loss_chunks = torch.tensor([s.loss_chunks for s in samples])
-        masks = torch.from_numpy(np.stack([s.masks for s in samples]))
-        object_weight = None
-        if config.object_weight > 0:
-            object_weight = latent_object_weight(masks, temporal, spatial, config.object_weight)
-        if config.shape_contrast > 0 and other_shape_latents is not None:
-            contrast = shape_contrast_weight(latents, other_shape_latents, config.shape_contrast)
-            object_weight = contrast if object_weight is None else contrast * object_weight[:, None]
-        if turning:  # a sample without the other direction's clip has nothing to tell apart
-            other_direction = latents.clone()
-            other_direction[turning] = turned_latents
-            contrast = shape_contrast_weight(latents, other_direction, config.direction_contrast)
-            object_weight = (
-                contrast
-                if object_weight is None
-                else contrast * (object_weight if object_weight.dim() == 5 else object_weight[:, None])
-            )
-        swap_latents = None
-        if config.shape_swap > 0 and other_shape_latents is not None:
-            # a sample without a caption has no shape to draw: its swap is the clip itself
-            captioned = torch.tensor([bool(s.text) for s in samples])[:, None, None, None, None]
-            swap_latents = torch.where(captioned, other_shape_latents, latents)
-        forced_swap = None
-        if forced:  # these samples swap to the oversize, lag or turned clip instead (all captioned)
-            swap_latents = (latents if swap_latents is None else swap_latents).clone()
-            swap_latents[forced] = forced_latents
-            forced_swap = torch.zeros(len(samples), dtype=torch.bool)
-            forced_swap[forced] = True
-        guidance_where = None
-        if guidance is not None and config.guidance_region == "object":
-            guidance_where = latent_object_weight(masks, temporal, spatial, 1.0) > 1.0
-        data_seconds = time.perf_counter() - started
-        own_context = context_latents = None
-        if any(s.own_context for s in samples):
-            own_context = torch.tensor([s.own_context for s in samples])
-            # the whole batch, so the compiled model keeps its shapes
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-                context_latents = own_context_estimates(forward, latents, text, config, generator)
-        model.train()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-            loss = diffusion_forcing_loss(
-                forward,
-                latents,
-                text,
-                loss_chunks,
-                config,
-                generator,
-                object_weight,
-                guidance,
-                guidance_where,
-                swap_latents,
-                forced_swap,
-                own_context=own_context,
-                context_latents=context_latents,
-            )
-        logged = {}
-        if config.direction_pairs:
-            pair_started = time.perf_counter()
-            pairs = [make_direction_pair(rng, config) for _ in range(config.direction_pairs)]
+    autocast = functools.partial(torch.autocast, device.type, dtype=torch.bfloat16, enabled=config.bf16)
+    workers = SampleWorkers(config) if config.data_workers > 0 and not config.overfit_clips else None
+    try:
+        while not run.done:
+            started = time.perf_counter()
+            rng = np.random.default_rng([config.seed, run.step])  # data is a function of the step: resumable
+            generator = torch.Generator().manual_seed(config.seed * 1_000_003 + run.step)
+            if config.overfit_clips:
+                picks = [
+                    (run.step * config.batch_size + i) % config.overfit_clips
+                    for i in range(config.batch_size)
+                ]
+                samples = [make_sample(fixed_sample_rng(config, k), config) for k in picks]
+            elif workers is not None:
+                samples = workers.take(run.step)
+            else:
+                samples = [make_sample(rng, config) for _ in range(config.batch_size)]
             with torch.no_grad():
-                video = torch.stack(
-                    [clip_to_tensor(p.frames) for p in pairs]
-                    + [clip_to_tensor(p.turned_frames) for p in pairs]
+                clips = [s.frames for s in samples]
+                other_shape = config.shape_contrast > 0 or config.shape_swap > 0
+                if other_shape:  # both versions through the encoder in one batch
+                    clips += [s.other_shape_frames for s in samples]
+                forced = [k for k, s in enumerate(samples) if s.forced_swap_frames is not None]
+                clips += [samples[k].forced_swap_frames for k in forced]  # and the oversize and lag swaps'
+                turning = [k for k, s in enumerate(samples) if s.other_direction_frames is not None]
+                clips += [samples[k].other_direction_frames for k in turning]  # and the direction contrast's
+                video = clips_to_tensor(clips, device)
+                # bf16 halves the encoder's time; the latents then get noise far above its rounding
+                with autocast():
+                    latents = vae.encode(video).latent_dist.mode().float()
+                latents = (latents - mean) / std
+                latents, forced_latents, turned_latents = latents.split(
+                    [len(latents) - len(forced) - len(turning), len(forced), len(turning)]
                 )
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-                    pair_latents = (vae.encode(video).latent_dist.mode().float() - mean) / std
-                texts = [p.text for p in pairs] + [p.turned_text for p in pairs]
-                pair_text = text_pair_batched(text_encoder, texts, texts)  # no prompt change
-            data_seconds += time.perf_counter() - pair_started
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16):
-                pair_loss = direction_pair_loss(
-                    forward, *pair_latents.chunk(2), *pair_text.chunk(2), config, generator
+                other_shape_latents = None
+                if other_shape:
+                    latents, other_shape_latents = latents.chunk(2)
+                text = text_pair_batched(
+                    text_encoder, [s.text for s in samples], [s.previous_text for s in samples]
                 )
-            loss = loss + config.direction_pair_weight * pair_loss
-            logged["pair"] = round(pair_loss.item(), 4)
-        if not run.update(loss, data_s=round(data_seconds, 3), step_s=round(step_seconds, 3), **logged):
-            break
-        step_seconds = time.perf_counter() - started
+            loss_chunks = torch.tensor([s.loss_chunks for s in samples], device=device)
+            masks = torch.from_numpy(np.stack([s.masks for s in samples]).astype(np.float32, copy=False)).to(device)
+            object_weight = None
+            if config.object_weight > 0:
+                object_weight = latent_object_weight(masks, temporal, spatial, config.object_weight)
+            if config.shape_contrast > 0 and other_shape_latents is not None:
+                contrast = shape_contrast_weight(latents, other_shape_latents, config.shape_contrast)
+                object_weight = contrast if object_weight is None else contrast * object_weight[:, None]
+            if turning:  # a sample without the other direction's clip has nothing to tell apart
+                other_direction = latents.clone()
+                other_direction[turning] = turned_latents
+                contrast = shape_contrast_weight(latents, other_direction, config.direction_contrast)
+                object_weight = (
+                    contrast
+                    if object_weight is None
+                    else contrast * (object_weight if object_weight.dim() == 5 else object_weight[:, None])
+                )
+            swap_latents = None
+            if config.shape_swap > 0 and other_shape_latents is not None:
+                # a sample without a caption has no shape to draw: its swap is the clip itself
+                captioned = torch.tensor([bool(s.text) for s in samples], device=device)
+                captioned = captioned[:, None, None, None, None]
+                swap_latents = torch.where(captioned, other_shape_latents, latents)
+            forced_swap = None
+            if forced:  # these samples swap to the oversize, lag or turned clip instead (all captioned)
+                swap_latents = (latents if swap_latents is None else swap_latents).clone()
+                swap_latents[forced] = forced_latents
+                forced_swap = torch.zeros(len(samples), dtype=torch.bool, device=device)
+                forced_swap[forced] = True
+            guidance_where = None
+            if guidance is not None and config.guidance_region == "object":
+                guidance_where = latent_object_weight(masks, temporal, spatial, 1.0) > 1.0
+            data_seconds = time.perf_counter() - started
+            own_context = context_latents = None
+            if any(s.own_context for s in samples):
+                own_context = torch.tensor([s.own_context for s in samples], device=device)
+                # the whole batch, so the compiled model keeps its shapes
+                with autocast():
+                    context_latents = own_context_estimates(forward, latents, text, config, generator)
+            model.train()
+            with autocast():
+                loss = diffusion_forcing_loss(
+                    forward,
+                    latents,
+                    text,
+                    loss_chunks,
+                    config,
+                    generator,
+                    object_weight,
+                    guidance,
+                    guidance_where,
+                    swap_latents,
+                    forced_swap,
+                    own_context=own_context,
+                    context_latents=context_latents,
+                )
+            logged = {}
+            if config.direction_pairs:
+                pair_started = time.perf_counter()
+                pairs = [make_direction_pair(rng, config) for _ in range(config.direction_pairs)]
+                with torch.no_grad():
+                    video = clips_to_tensor(
+                        [p.frames for p in pairs] + [p.turned_frames for p in pairs], device
+                    )
+                    with autocast():
+                        pair_latents = (vae.encode(video).latent_dist.mode().float() - mean) / std
+                    texts = [p.text for p in pairs] + [p.turned_text for p in pairs]
+                    pair_text = text_pair_batched(text_encoder, texts, texts)  # no prompt change
+                data_seconds += time.perf_counter() - pair_started
+                with autocast():
+                    pair_loss = direction_pair_loss(
+                        forward, *pair_latents.chunk(2), *pair_text.chunk(2), config, generator
+                    )
+                loss = loss + config.direction_pair_weight * pair_loss
+                logged["pair"] = round(pair_loss.item(), 4)
+            if not run.update(loss, data_s=round(data_seconds, 3), step_s=round(step_seconds, 3), **logged):
+                break
+            step_seconds = time.perf_counter() - started
+    finally:
+        if workers is not None:
+            workers.close()
     return run.finish()
