@@ -82,7 +82,10 @@ def _captions(seed: int, count: int) -> list[str]:
     return texts
 
 
-def pack_minilm(out: Path) -> None:
+def pack_minilm(out: Path, samples: int = 1500) -> None:
+    """Write the packed MiniLM package to ``out``, its table holding the tokens of ``samples``
+    drawn samples' captions and of every string in ``vidgen.shapes``; fails if ``samples`` other
+    ones use another token."""
     import torch
     from safetensors.torch import load_file, save_file
     from transformers import AutoTokenizer
@@ -96,9 +99,9 @@ def pack_minilm(out: Path) -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 ids |= set(tokenizer(node.value)["input_ids"])
-    for text in _captions(1, 1500):  # ...and those of drawn captions
+    for text in _captions(1, samples):  # ...and those of drawn captions
         ids |= set(tokenizer(text)["input_ids"])
-    unseen = {i for text in _captions(2, 1500) for i in tokenizer(text)["input_ids"]} - ids
+    unseen = {i for text in _captions(2, samples) for i in tokenizer(text)["input_ids"]} - ids
     if unseen:
         raise SystemExit(
             f"captions use tokens the packed table lacks: {tokenizer.convert_ids_to_tokens(sorted(unseen))}"
