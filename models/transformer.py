@@ -213,21 +213,26 @@ class Attention(nn.Module):
 
 @dataclass
 class TextContext:
-    """Cross-attention keys/values of a prompt for every block: computed once, reused per step."""
+    """Cross-attention keys/values of a prompt for every block: computed once, reused per step;
+    with ``text_modulation``, also the prompt's share of the blocks' modulation."""
 
     keys: list[torch.Tensor]  # per block, (B, L, H, D)
     values: list[torch.Tensor]
+    modulation: torch.Tensor | None = None  # (B, 6, D), added to the timestep's
 
     def select(self, index: torch.Tensor | slice) -> TextContext:
-        return TextContext([k[index] for k in self.keys], [v[index] for v in self.values])
+        modulation = self.modulation[index] if self.modulation is not None else None
+        return TextContext([k[index] for k in self.keys], [v[index] for v in self.values], modulation)
 
     @staticmethod
     def cat(contexts: list[TextContext]) -> TextContext:
         """Batch several contexts (e.g. conditional and unconditional for guidance)."""
         blocks = range(len(contexts[0].keys))
+        modulations = [c.modulation for c in contexts]
         return TextContext(
             [torch.cat([c.keys[i] for c in contexts]) for i in blocks],
             [torch.cat([c.values[i] for c in contexts]) for i in blocks],
+            None if modulations[0] is None else torch.cat(cast("list[torch.Tensor]", modulations)),
         )
 
 
@@ -410,7 +415,10 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
     own, off for Wan checkpoints: ``spatial_pos_grid=(rows, columns)`` adds a learned absolute
     position per token of the latent grid to the patch embedding (zero when created), because the
     rotary embedding tells a token only its offsets to the others and a small model on a small grid
-    then does not know where the frame ends; other grid sizes interpolate the table. LoRA adapters load
+    then does not know where the frame ends; other grid sizes interpolate the table. Another, also
+    off for Wan: ``text_modulation`` adds to every block's timestep modulation (shift, scale and
+    gate of attention and feed-forward) a linear map of the prompt's mean token embedding (zero when
+    created), a multiplicative path from the text besides the cross-attention's additive one. LoRA adapters load
     through diffusers' ``PeftAdapterMixin`` (``load_lora_adapter``, ``set_adapters``, ``fuse_lora``,
     ``unfuse_lora``, ``unload_lora``), as into ``WanTransformer3DModel``; :mod:`vidgen.models.lora`
     brings other published layouts to its keys.
@@ -443,6 +451,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
         rope_max_seq_len: int = 1024,
         pos_embed_seq_len: int | None = None,
         spatial_pos_grid: tuple[int, int] | None = None,
+        text_modulation: bool = False,
     ) -> None:
         super().__init__()
         if image_dim is not None or added_kv_proj_dim is not None or pos_embed_seq_len is not None:
@@ -463,6 +472,11 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
             nn.Parameter(torch.zeros(1, dim, 1, *spatial_pos_grid)) if spatial_pos_grid is not None else None
         )
         self.condition_embedder = ConditionEmbedder(dim, freq_dim, text_dim)
+        # zeros: a model resumed from a checkpoint without it computes what that checkpoint did
+        self.text_to_modulation = nn.Linear(text_dim, 6 * dim) if text_modulation else None
+        if self.text_to_modulation is not None:
+            nn.init.zeros_(self.text_to_modulation.weight)
+            nn.init.zeros_(self.text_to_modulation.bias)
         self.blocks = nn.ModuleList(
             [
                 CausalWanBlock(dim, ffn_dim, num_attention_heads, cross_attn_norm, eps)
@@ -584,7 +598,14 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
             k, v = block.attn2.project_kv(text)
             keys.append(k)
             values.append(v)
-        return TextContext(keys, values)
+        modulation = None
+        if self.text_to_modulation is not None:
+            # the mean of the prompt's tokens (the encoders zero the padding)
+            embedded = encoder_hidden_states.to(self.text_to_modulation.weight.dtype)
+            present = embedded.abs().amax(dim=-1, keepdim=True) > 0  # (B, L, 1)
+            pooled = (embedded * present).sum(dim=1) / present.sum(dim=1).clamp(min=1)
+            modulation = self.text_to_modulation(pooled).unflatten(1, (6, -1))  # (B, 6, D)
+        return TextContext(keys, values, modulation)
 
     # ------------------------------------------------------------------ forward
     def _attention_dtype(self, device: torch.device) -> torch.dtype:
@@ -703,6 +724,9 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
         if timestep.ndim == 2:
             temb = temb.unflatten(0, (batch, frames))  # (B, F, D)
             modulation = modulation.unflatten(0, (batch, frames))  # (B, F, 6, D)
+        if text_context.modulation is not None:
+            by_text = text_context.modulation.to(modulation.dtype)
+            modulation = modulation + (by_text[:, None] if modulation.ndim == 4 else by_text)
 
         # 4. blocks
         if torch.is_grad_enabled() and self.gradient_checkpointing:

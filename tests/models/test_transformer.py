@@ -371,3 +371,57 @@ def test_pipeline_remakes_kept_casts_for_each_video():
     expected = np.concatenate([c.frames for c in fresh.stream(prompt, seconds=1, generator=0)])
     assert not np.array_equal(first, expected)
     assert np.array_equal(got, expected)
+
+
+def _with_text_modulation(model: CausalWanTransformer, scale: float) -> CausalWanTransformer:
+    """``model`` with a text modulation, its weights random (``scale``) or zero (0)."""
+    config = {**model.config, "text_modulation": True}
+    modulated = CausalWanTransformer(**config).eval()
+    missing, unexpected = modulated.load_state_dict(model.state_dict(), strict=False)
+    assert sorted(missing) == ["text_to_modulation.bias", "text_to_modulation.weight"] and not unexpected
+    with torch.no_grad():
+        for p in modulated.text_to_modulation.parameters():
+            p.copy_(torch.randn_like(p) * scale)
+    return modulated
+
+
+def test_text_modulation_starts_as_the_model_without_it_and_then_reads_the_prompt():
+    _, model = _pair()
+    x = torch.randn(2, 4, 3, 4, 6)
+    timestep = torch.tensor([10.0, 700.0])
+    text = torch.randn(2, 7, TINY["text_dim"])
+    text[:, 5:] = 0  # padding, as the encoders write it: left out of the mean
+    with torch.no_grad():
+        plain = model(x, timestep, text).sample
+        created = _with_text_modulation(model, 0.0)
+        assert torch.equal(created(x, timestep, text).sample, plain)  # zero at the start: the same function
+        modulated = _with_text_modulation(model, 0.05)
+        got = modulated(x, timestep, text).sample
+        assert relative_error(got, plain) > 1e-2
+        # the mean over the prompt's tokens: more padding changes nothing, another prompt does
+        padded = torch.cat([text, torch.zeros(2, 4, TINY["text_dim"])], dim=1)
+        by_text = modulated.encode_text(text).modulation
+        torch.testing.assert_close(modulated.encode_text(padded).modulation, by_text)
+        mean = text[:, :5].mean(dim=1)
+        weight, bias = modulated.text_to_modulation.weight, modulated.text_to_modulation.bias
+        torch.testing.assert_close(by_text, (mean @ weight.T + bias).unflatten(1, (6, -1)))
+        other = text.clone()
+        other[:, 0] += 1.0
+        assert relative_error(modulated(x, timestep, other).sample, got) > 1e-3
+
+
+def test_chunked_with_cache_equals_block_causal_forward_with_text_modulation():
+    _, model = _pair()
+    model = _with_text_modulation(model, 0.05)
+    x = torch.randn(1, 4, 9, 4, 6)
+    timesteps = torch.rand(1, 9) * 1000
+    text = torch.randn(1, 7, TINY["text_dim"])
+    pattern = AttentionPattern.block_causal(frame_tokens=2 * 3, chunk_frames=3)
+    with torch.no_grad():
+        whole = model(x, timesteps, text, attention_pattern=pattern).sample
+        chunked, _ = _chunked(model, x, timesteps, text, chunk=3, sinks=0, window=9)
+        context = model.encode_text(text)
+        assert context.modulation is not None and context.modulation.shape == (1, 6, model.inner_dim)
+        both = type(context).cat([context, context])  # guidance batches contexts: the modulation too
+        assert torch.equal(both.select(slice(1, 2)).modulation, context.modulation)
+    assert relative_error(chunked, whole) <= TOL

@@ -1184,3 +1184,30 @@ def test_a_run_on_cuda_with_data_workers_trains(autoencoder, tmp_path):
     train_transformer(TransformerTrainConfig(run_dir=str(run), device="cuda", data_workers=2, **config))
     losses = _losses(run)
     assert len(losses) == 4 and losses[-1] < losses[0]
+
+
+def test_a_run_resumed_with_text_modulation_starts_it_at_zero_and_learns_it(autoencoder, tmp_path):
+    """--text-modulation true on a run saved without it: the same weights plus a zero map (the
+    same function), Adam restarted, and training moves the map; the exported config carries it."""
+    from safetensors.torch import load_file
+
+    from vidgen.models import CausalWanTransformer
+    from vidgen.training.checkpoint import load_training_state
+
+    _, final = autoencoder
+    config = dict(autoencoder=str(final), lr=2e-3, warmup=5, save_every=10, **TINY_DIT)
+    run = tmp_path / "run"
+    train_transformer(TransformerTrainConfig(run_dir=str(run), steps=10, **config))
+    before = load_file(str(run / "latest" / "model.safetensors"))
+    assert not any(k.startswith("text_to_modulation") for k in before)
+    model = CausalWanTransformer(**{**TINY_DIT["model"], "text_modulation": True})
+    optimizer = torch.optim.AdamW(model.parameters())
+    state = load_training_state(run, model=model, ema=None, optimizer=optimizer)
+    assert state is not None and state["restart_warmup"] and not optimizer.state
+    assert not model.text_to_modulation.weight.any() and not model.text_to_modulation.bias.any()
+
+    train_transformer(TransformerTrainConfig(run_dir=str(run), steps=14, text_modulation=True, **config))
+    after = load_file(str(run / "latest" / "model.safetensors"))
+    assert after["text_to_modulation.weight"].abs().max() > 0
+    saved = json.loads((run / "latest" / "config.json").read_text())
+    assert saved["text_modulation"] is True

@@ -134,9 +134,10 @@ def load_training_state(
     return state
 
 
-ADDABLE_PARAMETERS = frozenset({"spatial_pos"})
+ADDABLE_PARAMETERS = frozenset({"spatial_pos", "text_to_modulation.weight", "text_to_modulation.bias"})
 """Parameters a run may gain when it resumes (each starts at zero, where the model computes what it
-did without it): the transformer's position table (``--spatial-pos true``)."""
+did without it): the transformer's position table (``--spatial-pos true``) and its text modulation
+(``--text-modulation true``)."""
 
 
 def _load_weights(model: nn.Module, path: Path) -> list[str]:

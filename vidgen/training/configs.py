@@ -192,6 +192,12 @@ class TransformerTrainConfig:
     """Give the transformer a learned absolute position per token of the latent grid
     (``spatial_pos_grid``), zero at the start; a run resumed with it continues from the same
     function, Adam restarting."""
+    text_modulation: bool = False
+    """Give the transformer a linear map from the prompt's mean token embedding to every block's
+    modulation (``CausalWanTransformer(text_modulation=True)``), zero at the start; a run resumed
+    with it continues from the same function, Adam restarting. The cross-attention adds what it
+    reads from the text to each token; the modulation scales the tokens' features by it, the way a
+    word such as a direction must act on where the object goes."""
     spatial_pos_lr_scale: float = 1.0
     """The position table's learning rate as a multiple of ``lr``, with no weight decay. Zero at
     the start, it grows by about one Adam step a step, so at the main rate it stays a small share

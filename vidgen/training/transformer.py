@@ -661,6 +661,8 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
     if config.spatial_pos:
         _, p_h, p_w = architecture.get("patch_size", (1, 2, 2))
         architecture["spatial_pos_grid"] = (config.size // spatial // p_h, config.size // spatial // p_w)
+    if config.text_modulation:
+        architecture["text_modulation"] = True
     model = CausalWanTransformer(**architecture).to(device)
     optimizer = torch.optim.AdamW(
         _parameter_groups(model, config), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99)
@@ -726,7 +728,9 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
                     text_encoder, [s.text for s in samples], [s.previous_text for s in samples]
                 )
             loss_chunks = torch.tensor([s.loss_chunks for s in samples], device=device)
-            masks = torch.from_numpy(np.stack([s.masks for s in samples]).astype(np.float32, copy=False)).to(device)
+            masks = torch.from_numpy(np.stack([s.masks for s in samples]).astype(np.float32, copy=False)).to(
+                device
+            )
             object_weight = None
             if config.object_weight > 0:
                 object_weight = latent_object_weight(masks, temporal, spatial, config.object_weight)
