@@ -1211,3 +1211,26 @@ def test_a_run_resumed_with_text_modulation_starts_it_at_zero_and_learns_it(auto
     assert after["text_to_modulation.weight"].abs().max() > 0
     saved = json.loads((run / "latest" / "config.json").read_text())
     assert saved["text_modulation"] is True
+    # its rate changed on a saved run: the groups differ, so Adam restarts rather than failing
+    train_transformer(
+        TransformerTrainConfig(
+            run_dir=str(run), steps=16, text_modulation=True, text_modulation_lr_scale=10, **config
+        )
+    )
+    assert json.loads((run / "latest" / "state.json").read_text())["step"] == 16
+
+    # at its own rate: --text-modulation-lr-scale K moves it ~K times as far in the same steps
+
+    moved = {}
+    for scale in (1.0, 10.0):
+        branch = tmp_path / f"scale{scale:g}"
+        train_transformer(TransformerTrainConfig(run_dir=str(branch), steps=10, **config))
+        train_transformer(
+            TransformerTrainConfig(
+                run_dir=str(branch), steps=14, text_modulation=True, text_modulation_lr_scale=scale, **config
+            )
+        )
+        moved[scale] = (
+            load_file(str(branch / "latest" / "model.safetensors"))["text_to_modulation.weight"].abs().mean()
+        )
+    assert 5.0 < moved[10.0] / moved[1.0] < 15.0, moved

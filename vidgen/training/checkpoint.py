@@ -126,7 +126,14 @@ def load_training_state(
         print(
             f"resuming with new parameters {', '.join(added)} (zero-initialised); Adam restarts", flush=True
         )
-    if optimizer is not None and (latest / "optimizer.safetensors").is_file() and not added:
+    groups = state.get("optimizer", {}).get("param_groups")
+    regrouped = optimizer is not None and groups is not None and len(groups) != len(optimizer.param_groups)
+    if regrouped:
+        # a part now learning at its own rate (or no longer) has moved to another group
+        print(
+            "resuming with the parameters grouped otherwise (an lr scale changed); Adam restarts", flush=True
+        )
+    if optimizer is not None and (latest / "optimizer.safetensors").is_file() and not added and not regrouped:
         _restore_optimizer(optimizer, load_file(str(latest / "optimizer.safetensors")), state["optimizer"])
     elif optimizer is not None:
         # a compact checkpoint (see export_compact_checkpoint): Adam restarts, with a short warm-up

@@ -198,6 +198,9 @@ class TransformerTrainConfig:
     with it continues from the same function, Adam restarting. The cross-attention adds what it
     reads from the text to each token; the modulation scales the tokens' features by it, the way a
     word such as a direction must act on where the object goes."""
+    text_modulation_lr_scale: float = 1.0
+    """The text modulation's learning rate as a multiple of ``lr`` (its own optimizer group, as
+    ``spatial_pos_lr_scale``'s table). Zero at the start, it grows by about one Adam step a step."""
     spatial_pos_lr_scale: float = 1.0
     """The position table's learning rate as a multiple of ``lr``, with no weight decay. Zero at
     the start, it grows by about one Adam step a step, so at the main rate it stays a small share

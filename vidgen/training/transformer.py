@@ -568,18 +568,26 @@ def latent_object_weight(masks: torch.Tensor, temporal: int, spatial: int, stren
 
 
 def _parameter_groups(model: CausalWanTransformer, config: TransformerTrainConfig) -> list[dict]:
-    """One group, or two when the position table learns at its own rate (``lr_scale`` is read
-    by the training loop's schedule)."""
-    if config.spatial_pos_lr_scale <= 0:
-        raise ValueError(f"spatial_pos_lr_scale must be positive, got {config.spatial_pos_lr_scale}")
-    table = model.spatial_pos
-    if table is None or config.spatial_pos_lr_scale == 1.0:
-        return [{"params": list(model.parameters())}]
-    rest = [p for p in model.parameters() if p is not table]
-    return [
-        {"params": rest},
-        {"params": [table], "lr_scale": config.spatial_pos_lr_scale, "weight_decay": 0.0},
-    ]
+    """One group, or one more for each added part that learns at its own rate: the position table
+    (``spatial_pos_lr_scale``, no weight decay) and the text modulation
+    (``text_modulation_lr_scale``); ``lr_scale`` is read by the training loop's schedule."""
+    for name in ("spatial_pos_lr_scale", "text_modulation_lr_scale"):
+        if getattr(config, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(config, name)}")
+    own: list[dict] = []
+    if model.spatial_pos is not None and config.spatial_pos_lr_scale != 1.0:
+        own.append(
+            {"params": [model.spatial_pos], "lr_scale": config.spatial_pos_lr_scale, "weight_decay": 0.0}
+        )
+    if model.text_to_modulation is not None and config.text_modulation_lr_scale != 1.0:
+        own.append(
+            {
+                "params": list(model.text_to_modulation.parameters()),
+                "lr_scale": config.text_modulation_lr_scale,
+            }
+        )
+    apart = {id(p) for group in own for p in group["params"]}
+    return [{"params": [p for p in model.parameters() if id(p) not in apart]}, *own]
 
 
 @functools.lru_cache(maxsize=8)  # parsed once, not for every sample
