@@ -89,8 +89,11 @@ def _chunked(model, x, timesteps, text, chunk, sinks, window, rope_mode="absolut
     return torch.cat(outputs, dim=2), cache
 
 
-def test_chunked_with_cache_equals_block_causal_forward():
+@pytest.mark.parametrize("text_modulation", [False, True])
+def test_chunked_with_cache_equals_block_causal_forward(text_modulation):
     _, model = _pair()
+    if text_modulation:  # random weights: the cached text context must carry the modulation
+        model = _with_text_modulation(model, 0.05)
     x = torch.randn(1, 4, 9, 4, 6)  # 3 chunks of 3 latent frames
     timesteps = torch.rand(1, 9) * 1000
     text = torch.randn(1, 7, TINY["text_dim"])
@@ -100,6 +103,11 @@ def test_chunked_with_cache_equals_block_causal_forward():
         chunked, cache = _chunked(model, x, timesteps, text, chunk=3, sinks=0, window=9)
     assert relative_error(chunked, whole) <= TOL
     assert cache.cached_frames == list(range(9))
+    if text_modulation:
+        context = model.encode_text(text)
+        assert context.modulation is not None and context.modulation.shape == (1, 6, model.inner_dim)
+        both = type(context).cat([context, context])  # guidance batches contexts: the modulation too
+        assert torch.equal(both.select(slice(1, 2)).modulation, context.modulation)
 
 
 @pytest.mark.parametrize("sinks, window", [(2, 4), (0, 4), (2, 2), (4, 2), (2, 20)])
@@ -408,20 +416,3 @@ def test_text_modulation_starts_as_the_model_without_it_and_then_reads_the_promp
         other = text.clone()
         other[:, 0] += 1.0
         assert relative_error(modulated(x, timestep, other).sample, got) > 1e-3
-
-
-def test_chunked_with_cache_equals_block_causal_forward_with_text_modulation():
-    _, model = _pair()
-    model = _with_text_modulation(model, 0.05)
-    x = torch.randn(1, 4, 9, 4, 6)
-    timesteps = torch.rand(1, 9) * 1000
-    text = torch.randn(1, 7, TINY["text_dim"])
-    pattern = AttentionPattern.block_causal(frame_tokens=2 * 3, chunk_frames=3)
-    with torch.no_grad():
-        whole = model(x, timesteps, text, attention_pattern=pattern).sample
-        chunked, _ = _chunked(model, x, timesteps, text, chunk=3, sinks=0, window=9)
-        context = model.encode_text(text)
-        assert context.modulation is not None and context.modulation.shape == (1, 6, model.inner_dim)
-        both = type(context).cat([context, context])  # guidance batches contexts: the modulation too
-        assert torch.equal(both.select(slice(1, 2)).modulation, context.modulation)
-    assert relative_error(chunked, whole) <= TOL
