@@ -254,3 +254,26 @@ def test_redraw_centers_draws_the_object_where_it_was_earlier():
     assert not np.array_equal(lagged[k:], clip.frames[k:])  # the object did move
     with pytest.raises(ValueError, match="centers"):
         redraw(clip, centers=behind[:-1])
+
+
+def test_retrace_draws_frames_masks_and_path_along_new_centres():
+    """``retrace`` with the trajectory delayed by k frames gives the clip's frame and coverage mask
+    t - k at frame t (frame 0 for the first k), those centres, and their per-frame differences as
+    the velocity (zero while the object holds); a wrong shape of ``centers`` raises."""
+    from vidgen.shapes.world import retrace
+
+    scene = Scene("black", "green", "circle", "small", "fast", "up-right")
+    clip = render_clip(scene, 20, size=48, rng=7)
+    k = 4
+    delayed = clip.centers[np.maximum(np.arange(20) - k, 0)]
+    moved = retrace(clip, delayed)
+    np.testing.assert_array_equal(moved.frames, redraw(clip, centers=delayed))
+    np.testing.assert_array_equal(moved.masks[k:], clip.masks[:-k])
+    np.testing.assert_array_equal(moved.masks[:k], np.broadcast_to(clip.masks[0], moved.masks[:k].shape))
+    np.testing.assert_array_equal(moved.centers, delayed)
+    np.testing.assert_allclose(moved.velocity[: k + 1], 0.0)  # holding still, frame 0 included
+    np.testing.assert_allclose(moved.velocity[1:], np.diff(delayed, axis=0))
+    assert np.abs(moved.velocity[k + 1 :]).min() > 0.01  # fast: 0.025 S a frame, 0.018 an axis
+    assert moved.scenes == clip.scenes and moved.starts == clip.starts
+    with pytest.raises(ValueError, match="centers"):
+        retrace(clip, delayed[:-1])

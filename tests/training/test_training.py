@@ -980,6 +980,58 @@ def test_direction_contrast_weights_the_values_that_tell_the_directions_apart(
         check_config(TransformerTrainConfig(**base, direction_contrast=-1.0))
 
 
+def test_false_start_holds_or_drifts_the_first_chunk_then_sets_off_the_captions_way():
+    """``false_start``: only captioned samples that name a direction and show a clip's start get
+    one (about the share that starts there). Its first chunk (video frames 0-4) holds the object
+    still or drifts it another way; from frame 4 on the object moves the caption's way at its
+    speed, in frames and masks alike. A drifting first chunk leaves the loss, a still one stays; the
+    other start-of-clip draws (direction contrast) skip these samples; shares out of 0-1 raise."""
+    from vidgen.shapes import world
+    from vidgen.shapes.prompts import parse_prompt
+
+    base = {k: v for k, v in TINY_DIT.items() if k != "model"}
+    config = TransformerTrainConfig(**base, false_start=1.0, shape_contrast=4.0, direction_contrast=4.0)
+    size = config.size
+    grid = np.arange(size, dtype=np.float64)
+
+    def centroid(mask):
+        return np.array([(mask * grid[None, :]).sum(), (mask * grid[:, None]).sum()]) / mask.sum()
+
+    rng = np.random.default_rng(5)
+    samples = [make_sample(rng, config) for _ in range(300)]
+    kinds = {"still": 0, "drift": 0}
+    for sample in samples:
+        if sample.false_start is None:
+            continue
+        kinds[sample.false_start] += 1
+        spec = parse_prompt(sample.text)
+        assert spec.direction is not None and sample.other_direction_frames is None
+        scene = world.Scene(
+            "black", "red", "circle", spec.size or "small", spec.speed or "slow", spec.direction
+        )
+        step = np.asarray(scene.velocity) * size  # pixels a frame, the caption's way
+        paths = [centroid(m) for m in sample.masks]
+        # from frame 4 (the first chunk's last) the caption's way: no wall within a second of the start
+        np.testing.assert_allclose(paths[16] - paths[4], 12 * step, atol=0.05)
+        early = paths[4] - paths[0]
+        if sample.false_start == "still":
+            assert all(sample.loss_chunks)
+            np.testing.assert_allclose(early, 0.0, atol=1e-9)  # the masks hold too
+            for t in range(1, 5):
+                np.testing.assert_array_equal(sample.frames[t], sample.frames[0])
+                np.testing.assert_array_equal(sample.other_shape_frames[t], sample.other_shape_frames[0])
+        else:
+            assert sample.loss_chunks == [False] + [True] * (len(sample.loss_chunks) - 1)
+            assert np.abs(early).max() > 0.1 and np.abs(early - 4 * step).max() > 0.5  # moved, not so
+    assert kinds["still"] > 5 and kinds["drift"] > 5
+    named = [s for s in samples if s.text and parse_prompt(s.text).direction and all(s.loss_chunks[1:])]
+    share = sum(s.false_start is not None for s in named) / len(named)
+    assert 0.15 < share < 0.45  # gap 0 is drawn 30 % of the time
+    for bad in ({"false_start": 1.5}, {"false_start_still": -0.1}):
+        with pytest.raises(ValueError, match="--false-start"):
+            check_config(TransformerTrainConfig(**base, **bad))
+
+
 def test_direction_pairs_differ_only_in_the_direction():
     """``make_direction_pair``: the same object from the same place (frame 0 equal), setting off two
     different ways (the last frames differ), under captions that parse to the same prompt but for

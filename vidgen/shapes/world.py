@@ -361,6 +361,21 @@ def redraw(
     )[0]
 
 
+def retrace(clip: Clip, centers: np.ndarray) -> Clip:
+    """``clip`` with its object drawn at ``centers`` (T, 2), fractions of S, instead: frames,
+    coverage masks, centres and velocity all follow the new path (each frame's velocity is its step
+    from the frame before; frame 0 takes its step to frame 1). Not a Shapes World clip unless the path is one; training's
+    ``false_start`` holds or turns the first chunk's object this way."""
+    centers = np.asarray(centers, dtype=np.float64)
+    if centers.shape != clip.centers.shape:
+        raise ValueError(f"centers must have shape {clip.centers.shape}, got {centers.shape}")
+    frames, masks = _draw(clip.scenes, clip.scene_index, centers, clip.size, 8)
+    velocity = np.empty_like(centers)
+    velocity[1:] = np.diff(centers, axis=0)
+    velocity[0] = velocity[1] if len(centers) > 1 else 0.0
+    return dataclasses.replace(clip, frames=frames, masks=masks, centers=centers, velocity=velocity)
+
+
 def _start_position(
     scene: Scene, rng: np.random.Generator | int | None, start: tuple[float, float] | None
 ) -> tuple[float, float]:

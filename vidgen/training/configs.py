@@ -126,6 +126,18 @@ class TransformerTrainConfig:
     change) with a caption that names a direction; that clip is rendered and encoded too (0: off).
     The first second's motion is a few pixels of a small object, a tiny share of the loss, and a
     first chunk that sets off the wrong way decides the video until a wall turns it."""
+    false_start: float = 0.0
+    """Share of the captioned samples that show a clip's start with a caption that names a direction
+    (no gap, no prompt change, no other swap) whose first chunk is a false start: the object holds
+    still there (a ``false_start_still`` share of them) or drifts another of the eight ways into its
+    start, and from the second chunk on sets off the caption's way from where it is. A clip's first
+    chunk moves the object a few pixels, and a model that reads the direction off that context learns
+    to ignore the caption's; after a false start only the caption tells the later chunks which way to
+    go, with the object's place known. That is the pipeline's case: its first chunk, made from text
+    alone, sets off any way or not at all. A drifting first chunk leaves the loss and is seen as
+    context; a still one stays in it (0: off)."""
+    false_start_still: float = 0.5
+    """The share of ``false_start`` samples whose first chunk holds the object still (0 to 1)."""
     direction_pairs: int = 0
     """Pairs per step, besides the batch, of clip starts that differ only in the direction: the
     same object from the same place setting off the caption's way and another of the eight ways,

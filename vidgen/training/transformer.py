@@ -55,6 +55,7 @@ class Sample:
     turned_frames: np.ndarray | None = None  # from the same start in another direction (turn_swap)
     other_direction_frames: np.ndarray | None = None  # the same, for direction_contrast's weight
     own_context: bool = False  # its context chunks are the model's own estimates (self_context)
+    false_start: str | None = None  # "still" or "drift": its first chunk is a false start (false_start)
 
     @property
     def forced_swap_frames(self) -> np.ndarray | None:
@@ -234,6 +235,21 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
     # a caption that names no direction allows every direction
     sets_off = bool(text) and gap == 0 and change_latent is None and parse_prompt(text).direction is not None
 
+    false_start = None
+    if (
+        config.false_start > 0  # drawn only when asked: keeps a run's stream
+        and sets_off
+        and oversize_frames is None
+        and lag_frames is None
+        and rng.random() < config.false_start
+    ):
+        false_start = "still" if rng.random() < config.false_start_still else "drift"
+        clip = _false_start_clip(rng, scene, clip, false_start, _video_frames_of_latent(c - 1)[1] - 1)
+        frames, masks = clip.frames[picked], clip.masks[picked]
+        if other_shape_frames is not None:
+            other_shape_frames = world.redraw(clip, config.size, shape=other)[picked]
+        sets_off = False  # the other start-of-clip draws (turn, contrast) assume a true start
+
     turned_frames = None
     if (
         config.turn_swap > 0
@@ -250,6 +266,8 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         loss_chunks = [True] * num_chunks
     else:
         loss_chunks = [latent_indices[k * c] >= change_latent for k in range(num_chunks)]
+    if false_start == "drift":
+        loss_chunks[0] = False  # a context the sampler may make, not a start to learn
     # drawn only when asked; a context of the old prompt or without a caption has nothing to estimate
     own_context = bool(
         config.self_context > 0 and text and all(loss_chunks) and rng.random() < config.self_context
@@ -266,7 +284,28 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         turned_frames=turned_frames,
         other_direction_frames=other_direction_frames,
         own_context=own_context,
+        false_start=false_start,
     )
+
+
+def _false_start_clip(
+    rng: np.random.Generator, scene: world.Scene, clip: world.Clip, kind: str, hold: int
+) -> world.Clip:
+    """``clip`` set off ``hold`` frames late: until frame ``hold`` (the first chunk's last frame) the
+    object holds still at its start (``kind`` "still") or drifts into it at its speed from another of
+    the eight directions ("drift"; kept inside the canvas), then follows the clip's path. A path of
+    the same clip delayed, so the caption's direction still holds for a second before any wall."""
+    t = np.arange(len(clip.centers))
+    centers = clip.centers[np.maximum(t - hold, 0)].copy()
+    if kind == "drift":
+        other = scene.replace(
+            direction=str(rng.choice([d for d in world.DIRECTIONS if d != scene.direction]))
+        )
+        half = scene.side / 2.0
+        early = t <= hold
+        drift = clip.centers[0] + (t[early, None] - hold) * np.asarray(other.velocity)
+        centers[early] = np.clip(drift, half, 1.0 - half)
+    return world.retrace(clip, centers)
 
 
 @dataclass
@@ -638,7 +677,14 @@ def check_config(config: TransformerTrainConfig) -> None:
             raise ValueError(
                 f"--{name.replace('_', '-')} is an extra weight: 0 or more, got {getattr(config, name)}"
             )
-    for name in ("oversize_swap", "lag_swap", "turn_swap", "self_context"):
+    for name in (
+        "oversize_swap",
+        "lag_swap",
+        "turn_swap",
+        "self_context",
+        "false_start",
+        "false_start_still",
+    ):
         if not 0 <= getattr(config, name) <= 1:
             raise ValueError(f"--{name.replace('_', '-')} is a share: 0 to 1, got {getattr(config, name)}")
     if config.data_workers < 0:
