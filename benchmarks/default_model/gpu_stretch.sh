@@ -27,7 +27,8 @@ timeout -s TERM $(python3 -c "print(int($MIN * 60 + 60))") vidgen train transfor
   --compile false --bf16 true --threads 2 --steps 60000 --lr ${LR:-2e-4} --warmup 100 \
   --shape-contrast 4 --shape-swap 0.5 --oversize-swap 0.3 --shape-weights 1:1:2 --self-context 0.5 \
   --direction-contrast 4 --spatial-pos true --guidance-scale 1.5 --guidance-teacher checkpoints/guidance_teacher \
-  --guidance-region object --save-every 1000 --log-every 20 --minutes $MIN > $OUT/train.out 2>&1
+  --guidance-region object --text-modulation true --text-modulation-lr-scale 20 \
+  --direction-pairs ${PAIRS:-64} --direction-pair-weight 3 --direction-pair-sigma-min 0.3 --save-every 1000 --log-every 20 --minutes $MIN > $OUT/train.out 2>&1
 echo "train rc=$? at $(( $(date +%s) - T0 )) s"
 tail -3 $OUT/train.out
 vidgen train compact --run-dir /tmp/run --out $OUT/ckpt
