@@ -364,8 +364,8 @@ def redraw(
 def retrace(clip: Clip, centers: np.ndarray) -> Clip:
     """``clip`` with its object drawn at ``centers`` (T, 2), fractions of S, instead: frames,
     coverage masks, centres and velocity all follow the new path (each frame's velocity is its step
-    from the frame before; frame 0 takes its step to frame 1). Not a Shapes World clip unless the path is one; training's
-    ``false_start`` holds or turns the first chunk's object this way."""
+    from the frame before; frame 0 takes its step to frame 1). Not a Shapes World clip unless the
+    path is one; training's ``false_start`` holds or turns the first chunk's object this way."""
     centers = np.asarray(centers, dtype=np.float64)
     if centers.shape != clip.centers.shape:
         raise ValueError(f"centers must have shape {clip.centers.shape}, got {centers.shape}")
