@@ -38,7 +38,14 @@ from torch import nn
 from vidgen.attention import AttentionPattern, available_backends, dispatch_attention
 from vidgen.models import wan_checkpoint
 from vidgen.models.kv_cache import KVCache
-from vidgen.models.rope import RopePositionMode, WanRope, apply_rope, frame_positions, rope_shift
+from vidgen.models.rope import (
+    RopePositionMode,
+    WanRope,
+    apply_motion,
+    apply_rope,
+    frame_positions,
+    rope_shift,
+)
 
 # ----------------------------------------------------------------------------- small modules
 # Attribute names follow diffusers so that state dicts are interchangeable.
@@ -219,21 +226,42 @@ class TextContext:
     keys: list[torch.Tensor]  # per block, (B, L, H, D)
     values: list[torch.Tensor]
     modulation: torch.Tensor | None = None  # (B, 6, D), added to the timestep's
+    velocity: torch.Tensor | None = None  # (B, 2) latent-grid rows, columns per latent frame (text_velocity)
 
     def select(self, index: torch.Tensor | slice) -> TextContext:
         modulation = self.modulation[index] if self.modulation is not None else None
-        return TextContext([k[index] for k in self.keys], [v[index] for v in self.values], modulation)
+        velocity = self.velocity[index] if self.velocity is not None else None
+        return TextContext(
+            [k[index] for k in self.keys], [v[index] for v in self.values], modulation, velocity
+        )
 
     @staticmethod
     def cat(contexts: list[TextContext]) -> TextContext:
         """Batch several contexts (e.g. conditional and unconditional for guidance)."""
         blocks = range(len(contexts[0].keys))
         modulations = [c.modulation for c in contexts]
+        velocities = [c.velocity for c in contexts]
         return TextContext(
             [torch.cat([c.keys[i] for c in contexts]) for i in blocks],
             [torch.cat([c.values[i] for c in contexts]) for i in blocks],
             None if modulations[0] is None else torch.cat(cast("list[torch.Tensor]", modulations)),
+            None if velocities[0] is None else torch.cat(cast("list[torch.Tensor]", velocities)),
         )
+
+
+@dataclass
+class MovingFrame:
+    """``text_velocity``'s rotation of the self-attention: per layer and head, queries and keys are
+    rotated as if every token's spatial position were seen from a frame moving at ``gain[layer,
+    head]`` times the prompt's velocity (:func:`vidgen.models.rope.apply_motion`)."""
+
+    query: torch.Tensor  # (B, S, D/2) phases of this call's tokens
+    keys: torch.Tensor  # (B, cached + S, D/2) phases of every key, cached frames first
+    gain: torch.Tensor  # (L, H)
+
+    def apply(self, query: torch.Tensor, key: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gain = self.gain[layer]
+        return apply_motion(query, self.query, gain), apply_motion(key, self.keys, gain)
 
 
 @dataclass
@@ -260,6 +288,7 @@ class SelfAttentionContext:
     # with a workspace and a cache write: (L, B, S, H, D) un-rotated keys and values of this call,
     # filled by the blocks and written into the cache once they have all run
     staged: tuple[torch.Tensor, torch.Tensor] | None = None
+    moving_frame: MovingFrame | None = None  # text_velocity: positions seen from a moving frame
 
 
 class SequenceParallel(Protocol):
@@ -310,13 +339,15 @@ def attend(
         if ctx.staged is not None:  # into the cache after the last block
             ctx.staged[0][layer].copy_(key)
             ctx.staged[1][layer].copy_(value)
-        return dispatch_attention(query, all_key, all_value, pattern=ctx.pattern)
-    if ctx.kv_cache is None:
-        return dispatch_attention(query, new_key, value, pattern=ctx.pattern)
-    all_key, all_value = _cache_and_new(key, value, new_key, ctx, layer)
+    elif ctx.kv_cache is None:
+        all_key, all_value = new_key, value
+    else:
+        all_key, all_value = _cache_and_new(key, value, new_key, ctx, layer)
+    if ctx.moving_frame is not None:  # a new tensor: the workspace's rotated keys stay as they are
+        query, all_key = ctx.moving_frame.apply(query, all_key, layer)
     out = dispatch_attention(query, all_key, all_value, pattern=ctx.pattern)
-    if ctx.write_frame is not None:  # only now: the write may overwrite slots read above
-        ctx.kv_cache.write(layer, key, value, ctx.write_frame)
+    if ctx.workspace is None and ctx.kv_cache is not None and ctx.write_frame is not None:
+        ctx.kv_cache.write(layer, key, value, ctx.write_frame)  # only now: it may overwrite slots read above
     return out
 
 
@@ -407,6 +438,24 @@ def run_blocks(
 # ----------------------------------------------------------------------------- the model
 
 
+class TextVelocity(nn.Module):
+    """A velocity (B, 2), latent-grid rows and columns per latent frame, read from a prompt embedding
+    (B, L, text_dim) by attention pooling over its tokens (the encoders zero the padding): one
+    word such as "left" decides it, however long the prompt."""
+
+    def __init__(self, text_dim: int) -> None:
+        super().__init__()
+        self.score = nn.Linear(text_dim, 1)
+        self.value = nn.Linear(text_dim, 2)
+
+    def forward(self, embedded: torch.Tensor) -> torch.Tensor:
+        embedded = embedded.to(self.value.weight.dtype)
+        present = embedded.abs().amax(dim=-1) > 0  # (B, L)
+        score = self.score(embedded).squeeze(-1).masked_fill(~present, float("-inf"))
+        weights = torch.softmax(score, dim=-1).nan_to_num(0.0)  # an all-padding prompt: no velocity
+        return (weights[..., None] * self.value(embedded)).sum(dim=1)
+
+
 class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: ignore[misc]  # diffusers' two config_name
     """Wan 2.1 text-to-video transformer that also runs chunk by chunk against a KV cache.
 
@@ -418,7 +467,12 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
     then does not know where the frame ends; other grid sizes interpolate the table. Another, also
     off for Wan: ``text_modulation`` adds to every block's timestep modulation (shift, scale and
     gate of attention and feed-forward) a linear map of the prompt's mean token embedding (zero when
-    created), a multiplicative path from the text besides the cross-attention's additive one. LoRA adapters load
+    created), a multiplicative path from the text besides the cross-attention's additive one. A third,
+    also off for Wan: ``text_velocity`` reads a velocity (latent-grid rows and columns per latent
+    frame) from the prompt by attention pooling over its tokens, and each block's self-attention
+    head sees the tokens' spatial positions from a frame moving at its own learned multiple of it
+    (zero when created), so that "the object one step along the named way" is a fixed relative
+    position for that head, as "the object where it was" is for a still one. LoRA adapters load
     through diffusers' ``PeftAdapterMixin`` (``load_lora_adapter``, ``set_adapters``, ``fuse_lora``,
     ``unfuse_lora``, ``unload_lora``), as into ``WanTransformer3DModel``; :mod:`vidgen.models.lora`
     brings other published layouts to its keys.
@@ -452,6 +506,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
         pos_embed_seq_len: int | None = None,
         spatial_pos_grid: tuple[int, int] | None = None,
         text_modulation: bool = False,
+        text_velocity: bool = False,
     ) -> None:
         super().__init__()
         if image_dim is not None or added_kv_proj_dim is not None or pos_embed_seq_len is not None:
@@ -477,6 +532,11 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
         if self.text_to_modulation is not None:
             nn.init.zeros_(self.text_to_modulation.weight)
             nn.init.zeros_(self.text_to_modulation.bias)
+        # zero gains: a model resumed from a checkpoint without them computes what that checkpoint did
+        self.text_to_velocity = TextVelocity(text_dim) if text_velocity else None
+        self.velocity_gain = (
+            nn.Parameter(torch.zeros(num_layers, num_attention_heads)) if text_velocity else None
+        )
         self.blocks = nn.ModuleList(
             [
                 CausalWanBlock(dim, ffn_dim, num_attention_heads, cross_attn_norm, eps)
@@ -605,7 +665,10 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
             present = embedded.abs().amax(dim=-1, keepdim=True) > 0  # (B, L, 1)
             pooled = (embedded * present).sum(dim=1) / present.sum(dim=1).clamp(min=1)
             modulation = self.text_to_modulation(pooled).unflatten(1, (6, -1))  # (B, 6, D)
-        return TextContext(keys, values, modulation)
+        velocity = None
+        if self.text_to_velocity is not None:
+            velocity = self.text_to_velocity(encoder_hidden_states)
+        return TextContext(keys, values, modulation, velocity)
 
     # ------------------------------------------------------------------ forward
     def _attention_dtype(self, device: torch.device) -> torch.dtype:
@@ -689,6 +752,20 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
             kv_cache=kv_cache,
             frame_tokens=frame_tokens,
         )
+        if text_context.velocity is not None and self.velocity_gain is not None:
+            if sequence_parallel is not None:
+                raise ValueError("text_velocity is not supported with sequence parallelism")
+            velocity = text_context.velocity.expand(batch, -1)
+            phases = self.rope.motion_phases(
+                frame_positions(query_frames, shift, sinks), frame_tokens, velocity
+            )
+            key_phases = phases
+            if kv_cache is not None:
+                cached = frame_positions(kv_cache.frame_index(device), shift, sinks)
+                key_phases = torch.cat(
+                    [self.rope.motion_phases(cached, frame_tokens, velocity), phases], dim=1
+                )
+            ctx.moving_frame = MovingFrame(phases, key_phases, self.velocity_gain)
         if kv_cache is not None:
             ctx.cache_rope = self.rope(
                 frame_positions(kv_cache.frame_index(device), shift, sinks), grid_h, grid_w

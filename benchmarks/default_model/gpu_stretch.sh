@@ -28,7 +28,8 @@ timeout -s TERM $(python3 -c "print(int($MIN * 60 + 60))") vidgen train transfor
   --shape-contrast 4 --shape-swap 0.5 --oversize-swap 0.3 --shape-weights 1:1:2 --self-context 0.5 \
   --direction-contrast 4 --spatial-pos true --guidance-scale 1.5 --guidance-teacher checkpoints/guidance_teacher \
   --guidance-region object --text-modulation true --text-modulation-lr-scale 20 \
-  --direction-pairs ${PAIRS:-64} --direction-pair-weight 3 --direction-pair-sigma-min 0.3 --save-every 1000 --log-every 20 --minutes $MIN > $OUT/train.out 2>&1
+  --direction-pairs ${PAIRS:-64} --direction-pair-weight 3 --direction-pair-sigma-min 0.3 \
+  --text-velocity true --text-velocity-lr-scale 50 --text-velocity-weight 10 --save-every 1000 --log-every 20 --minutes $MIN > $OUT/train.out 2>&1
 echo "train rc=$? at $(( $(date +%s) - T0 )) s"
 tail -3 $OUT/train.out
 vidgen train compact --run-dir /tmp/run --out $OUT/ckpt

@@ -89,11 +89,13 @@ def _chunked(model, x, timesteps, text, chunk, sinks, window, rope_mode="absolut
     return torch.cat(outputs, dim=2), cache
 
 
-@pytest.mark.parametrize("text_modulation", [False, True])
-def test_chunked_with_cache_equals_block_causal_forward(text_modulation):
+@pytest.mark.parametrize("text_modulation, text_velocity", [(False, False), (True, False), (False, True)])
+def test_chunked_with_cache_equals_block_causal_forward(text_modulation, text_velocity):
     _, model = _pair()
     if text_modulation:  # random weights: the cached text context must carry the modulation
         model = _with_text_modulation(model, 0.05)
+    if text_velocity:  # and the velocity, with the cached keys' moving frame at their own frames
+        model = _with_text_velocity(model, 0.7)
     x = torch.randn(1, 4, 9, 4, 6)  # 3 chunks of 3 latent frames
     timesteps = torch.rand(1, 9) * 1000
     text = torch.randn(1, 7, TINY["text_dim"])
@@ -110,9 +112,14 @@ def test_chunked_with_cache_equals_block_causal_forward(text_modulation):
         assert torch.equal(both.select(slice(1, 2)).modulation, context.modulation)
 
 
-@pytest.mark.parametrize("sinks, window", [(2, 4), (0, 4), (2, 2), (4, 2), (2, 20)])
-def test_chunked_sliding_window_equals_windowed_forward(sinks, window):
+@pytest.mark.parametrize(
+    "sinks, window, text_velocity",
+    [(2, 4, False), (0, 4, False), (2, 2, False), (4, 2, False), (2, 20, False), (2, 4, True)],
+)
+def test_chunked_sliding_window_equals_windowed_forward(sinks, window, text_velocity):
     _, model = _pair()
+    if text_velocity:
+        model = _with_text_velocity(model, 0.7)
     frames = 14
     x = torch.randn(1, 4, frames, 4, 6)
     timesteps = torch.rand(1, frames) * 1000
@@ -416,3 +423,107 @@ def test_text_modulation_starts_as_the_model_without_it_and_then_reads_the_promp
         other = text.clone()
         other[:, 0] += 1.0
         assert relative_error(modulated(x, timestep, other).sample, got) > 1e-3
+
+
+def _with_text_velocity(model: CausalWanTransformer, gain: float) -> CausalWanTransformer:
+    """``model`` with a text velocity: random pooling weights (velocities of a few grid cells a
+    frame) and per-head gains drawn at ``gain`` scale (0: as created)."""
+    config = {**model.config, "text_velocity": True}
+    moving = CausalWanTransformer(**config).eval()
+    missing, unexpected = moving.load_state_dict(model.state_dict(), strict=False)
+    expected = ["text_to_velocity.score.bias", "text_to_velocity.score.weight", "text_to_velocity.value.bias"]
+    assert sorted(missing) == [*expected, "text_to_velocity.value.weight", "velocity_gain"] and not unexpected
+    with torch.no_grad():
+        moving.text_to_velocity.value.weight.normal_(0, 1.0)
+        moving.velocity_gain.copy_(torch.randn_like(moving.velocity_gain) * gain)
+    return moving
+
+
+def test_text_velocity_starts_as_the_model_without_it_and_then_reads_the_prompt():
+    _, model = _pair()
+    x = torch.randn(2, 4, 3, 4, 6)
+    timestep = torch.tensor([10.0, 700.0])
+    text = torch.randn(2, 7, TINY["text_dim"])
+    text[:, 5:] = 0  # padding, as the encoders write it: left out of the pooling
+    with torch.no_grad():
+        plain = model(x, timestep, text).sample
+        created = CausalWanTransformer(**{**model.config, "text_velocity": True}).eval()
+        created.load_state_dict(model.state_dict(), strict=False)
+        assert torch.equal(
+            created.velocity_gain, torch.zeros(TINY["num_layers"], TINY["num_attention_heads"])
+        )
+        assert torch.equal(created(x, timestep, text).sample, plain)  # zero gains: the same function
+        moving = _with_text_velocity(model, 0.7)
+        got = moving(x, timestep, text).sample
+        assert relative_error(got, plain) > 1e-2
+        # attention pooling over the prompt's tokens: padding changes nothing
+        velocity = moving.encode_text(text).velocity
+        padded = torch.cat([text, torch.zeros(2, 4, TINY["text_dim"])], dim=1)
+        torch.testing.assert_close(moving.encode_text(padded).velocity, velocity)
+        pool = moving.text_to_velocity
+        weights = torch.softmax(pool.score(text[:, :5]).squeeze(-1), dim=-1)
+        torch.testing.assert_close(velocity, (weights[..., None] * pool.value(text[:, :5])).sum(dim=1))
+        # the velocity, not the prompt's other reading, moves the output: the same prompt with
+        # another velocity gives another output; velocity zero gives the plain model's
+        context = moving.encode_text(text)
+        context.velocity = torch.zeros_like(context.velocity)
+        torch.testing.assert_close(
+            moving(x, timestep, text_context=context).sample, plain, rtol=1e-5, atol=1e-5
+        )
+
+
+def test_moving_frame_rotation_equals_the_rotation_at_moved_positions():
+    """Rotation by WanRope at (t, h, w) then by the motion phases at gain g equals the rotary
+    embedding of (t, h - g v_rows t, w - g v_columns t), computed here from Wan's frequencies."""
+    from vidgen.models.rope import WanRope, apply_motion, apply_rope
+
+    head_dim, theta = 24, 10000.0
+    rope = WanRope(head_dim, 64, theta)
+    frames, rows, columns = 3, 4, 5
+    positions = torch.tensor([0, 1, 5])
+    velocity = torch.tensor([[0.5, -1.25], [2.0, 0.0]])
+    gain = torch.tensor([1.0, -0.5])  # two heads, each its own multiple of the velocity
+    x = torch.randn(2, frames * rows * columns, 2, head_dim, dtype=torch.float64)
+    phases = rope.motion_phases(positions, rows * columns, velocity)
+    got = apply_motion(apply_rope(x, rope(positions, rows, columns)), phases, gain)
+
+    t_dim = head_dim - 2 * 2 * (head_dim // 6)
+    dims = (t_dim, (head_dim - t_dim) // 2, (head_dim - t_dim) // 2)
+    freqs = [1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d) for d in dims]
+    t, h, w = torch.meshgrid(
+        positions.double(), torch.arange(rows).double(), torch.arange(columns).double(), indexing="ij"
+    )
+    t, h, w = t.flatten(), h.flatten(), w.flatten()
+    for b in range(2):
+        for head in range(2):
+            moved_h = h - gain[head] * velocity[b, 0] * t
+            moved_w = w - gain[head] * velocity[b, 1] * t
+            angles = torch.cat(
+                [t[:, None] * freqs[0], moved_h[:, None] * freqs[1], moved_w[:, None] * freqs[2]], dim=1
+            )
+            pairs = x[b, :, head].unflatten(-1, (-1, 2))
+            expected = torch.stack(
+                (
+                    pairs[..., 0] * angles.cos() - pairs[..., 1] * angles.sin(),
+                    pairs[..., 0] * angles.sin() + pairs[..., 1] * angles.cos(),
+                ),
+                dim=-1,
+            ).flatten(-2)
+            torch.testing.assert_close(got[b, :, head], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_text_velocity_refuses_sequence_parallelism():
+    _, model = _pair()
+    moving = _with_text_velocity(model, 0.7)
+
+    class NoShards:  # never reached: the model refuses first
+        def cache_frame_tokens(self, frame_tokens):
+            return frame_tokens
+
+    with pytest.raises(ValueError, match="text_velocity"):
+        moving(
+            torch.randn(1, 4, 2, 4, 4),
+            torch.tensor([5.0]),
+            torch.randn(1, 3, TINY["text_dim"]),
+            sequence_parallel=NoShards(),
+        )

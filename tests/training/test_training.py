@@ -1286,3 +1286,106 @@ def test_a_run_resumed_with_text_modulation_starts_it_at_zero_and_learns_it(auto
             load_file(str(branch / "latest" / "model.safetensors"))["text_to_modulation.weight"].abs().mean()
         )
     assert 5.0 < moved[10.0] / moved[1.0] < 15.0, moved
+
+
+def test_caption_velocities_are_the_named_way_at_the_named_speed_in_latent_cells():
+    from vidgen.training.transformer import caption_velocities
+
+    config = TransformerTrainConfig(
+        size=64
+    )  # 4x autoencoder, patch 2: 8 cells a side, 4 frames a latent frame
+    got = caption_velocities(
+        [
+            "a large fast red circle moving left on a black background",
+            "a small blue square moving up-right on a white background",
+            "A Green Triangle Drifting Slowly Downward Over A Beige Backdrop",
+            "a red circle moving on a black background",  # no direction named
+            "",  # a dropped caption
+        ],
+        config,
+        temporal=4,
+        spatial=4,
+    )
+    cells = 64 / 8 * 4  # cells of the grid per canvas, times frames per latent frame
+    diagonal = 0.5**0.5
+    expected = torch.tensor(
+        [
+            [0.0, -0.025 * cells],  # (rows, columns): left is minus columns, fast
+            [-0.010 * cells * diagonal, 0.010 * cells * diagonal],  # up is minus rows; default speed slow
+            [0.010 * cells, 0.0],
+            [0.0, 0.0],
+            [0.0, 0.0],
+        ]
+    )
+    torch.testing.assert_close(got, expected)
+
+
+def test_a_run_with_text_velocity_trains_the_gains_and_logs_the_velocity_term(autoencoder, tmp_path):
+    """--text-velocity true on a run saved without it: the velocity term is logged every step, the
+    gains leave zero (the attention's gradient reaches them) and the saved config carries the flag;
+    with --text-velocity-weight 0 there is no term."""
+    from safetensors.torch import load_file
+
+    _, final = autoencoder
+    config = dict(autoencoder=str(final), lr=2e-3, warmup=5, save_every=10, **{**TINY_DIT, "log_every": 1})
+    run = tmp_path / "run"
+    train_transformer(TransformerTrainConfig(run_dir=str(run), steps=4, **config))
+    train_transformer(
+        TransformerTrainConfig(
+            run_dir=str(run), steps=12, text_velocity=True, text_velocity_lr_scale=3, **config
+        )
+    )
+    logged = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert len([r["vel"] for r in logged if "vel" in r]) == 8
+    after = load_file(str(run / "latest" / "model.safetensors"))
+    assert after["velocity_gain"].abs().max() > 0
+    assert json.loads((run / "latest" / "config.json").read_text())["text_velocity"] is True
+    train_transformer(
+        TransformerTrainConfig(
+            run_dir=str(run), steps=14, text_velocity=True, text_velocity_weight=0, **config
+        )
+    )
+    logged = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if "vel" in r][-1] == 12
+
+
+def test_text_velocity_pooling_learns_the_named_way_from_held_out_phrasings():
+    """The pooling over MiniLM's tokens, fitted to the captions' velocities (training phrasings),
+    gives the named way's sign on >= 90 % of the named axes of held-out phrasings; a mean over the
+    tokens (the text modulation's reading) has no single word to weigh."""
+    from vidgen.models.text_encoders import MiniLMTextEncoder
+    from vidgen.models.transformer import TextVelocity
+    from vidgen.shapes import captions, world
+    from vidgen.training.transformer import caption_velocities
+
+    encoder = MiniLMTextEncoder.load(max_length=32, device="cpu")
+    config = TransformerTrainConfig(size=64)
+
+    def batch(count, held_out, seed):
+        rng = np.random.default_rng(seed)
+        texts = [
+            captions.caption(world.sample_scene(rng), rng, paraphrase=True, held_out=held_out)
+            for _ in range(count)
+        ]
+        with torch.no_grad():
+            return encoder(texts).float(), caption_velocities(texts, config, temporal=4, spatial=4)
+
+    train_text, train_velocity = batch(1024, False, 0)
+    test_text, test_velocity = batch(256, True, 1)
+    torch.manual_seed(0)
+    pooling = TextVelocity(train_text.shape[-1])
+    optimizer = torch.optim.Adam(pooling.parameters(), lr=3e-3)
+    for _ in range(300):
+        pick = torch.randint(0, len(train_text), (128,))
+        loss = (pooling(train_text[pick]) - train_velocity[pick]).square().sum(dim=1).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        got = pooling(test_text)
+    named = test_velocity.abs() > 1e-6
+    assert named.sum() > 100
+    right = (got[named].sign() == test_velocity[named].sign()).float().mean()
+    assert right >= 0.9, right
+    # no direction named: near zero next to the named speeds (a slow diagonal is 0.23 a latent frame)
+    assert got[~named.any(dim=1)].abs().mean() < 0.15

@@ -124,7 +124,8 @@ def load_training_state(
     if added:
         # Adam's saved moments are numbered by parameter and the new ones shift the numbers
         print(
-            f"resuming with new parameters {', '.join(added)} (zero-initialised); Adam restarts", flush=True
+            f"resuming with new parameters {', '.join(added)} (as created: the added path starts at zero); Adam restarts",
+            flush=True,
         )
     groups = state.get("optimizer", {}).get("param_groups")
     regrouped = optimizer is not None and groups is not None and len(groups) != len(optimizer.param_groups)
@@ -141,7 +142,18 @@ def load_training_state(
     return state
 
 
-ADDABLE_PARAMETERS = frozenset({"spatial_pos", "text_to_modulation.weight", "text_to_modulation.bias"})
+ADDABLE_PARAMETERS = frozenset(
+    {
+        "spatial_pos",
+        "text_to_modulation.weight",
+        "text_to_modulation.bias",
+        "text_to_velocity.score.weight",
+        "text_to_velocity.score.bias",
+        "text_to_velocity.value.weight",
+        "text_to_velocity.value.bias",
+        "velocity_gain",
+    }
+)
 """Parameters a run may gain when it resumes (each starts at zero, where the model computes what it
 did without it): the transformer's position table (``--spatial-pos true``) and its text modulation
 (``--text-modulation true``)."""

@@ -213,6 +213,18 @@ class TransformerTrainConfig:
     text_modulation_lr_scale: float = 1.0
     """The text modulation's learning rate as a multiple of ``lr`` (its own optimizer group, as
     ``spatial_pos_lr_scale``'s table). Zero at the start, it grows by about one Adam step a step."""
+    text_velocity: bool = False
+    """Give the transformer a velocity read from the prompt (``CausalWanTransformer(text_velocity=
+    True)``: attention pooling over the prompt's tokens) and a per-head gain, zero at the start,
+    by which each self-attention head sees the tokens' positions from a frame moving at that
+    velocity; a run resumed with it continues from the same function, Adam restarting. The
+    velocity learns the caption's own (``text_velocity_weight``): the named direction at the named
+    speed (the default speed when none is named), zero when no direction is named."""
+    text_velocity_weight: float = 1.0
+    """Weight of the squared error of the prompt's velocity against the caption's, in latent-grid
+    cells per latent frame (a slow object moves ~0.3 of a cell); 0: learnt through the gains only."""
+    text_velocity_lr_scale: float = 1.0
+    """The velocity's pooling and gains' learning rate as a multiple of ``lr`` (their own group)."""
     spatial_pos_lr_scale: float = 1.0
     """The position table's learning rate as a multiple of ``lr``, with no weight decay. Zero at
     the start, it grows by about one Adam step a step, so at the main rate it stays a small share

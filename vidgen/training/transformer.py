@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -606,11 +606,33 @@ def latent_object_weight(masks: torch.Tensor, temporal: int, spatial: int, stren
 # ----------------------------------------------------------------------------- loop
 
 
+def caption_velocities(
+    texts: Sequence[str], config: TransformerTrainConfig, temporal: int, spatial: int
+) -> torch.Tensor:
+    """(B, 2) the velocity each caption names, as ``--text-velocity`` learns it: latent-grid rows
+    and columns per latent frame (the named direction at the named speed, the default speed when
+    none is named); zero for a caption that names no direction and for a dropped one."""
+    patch_h = dict(config.model).get("patch_size", (1, 2, 2))[1]
+    cells_per_canvas = config.size / (spatial * patch_h)
+    out = torch.zeros(len(texts), 2)
+    for i, text in enumerate(texts):
+        if not text:
+            continue
+        spec = parse_prompt(text)
+        if spec.direction is None:
+            continue
+        ux, uy = world.DIRECTIONS[spec.direction]
+        per_frame = world.SPEEDS[spec.speed or world.DEFAULT_SPEED] * cells_per_canvas * temporal
+        out[i] = torch.tensor([uy * per_frame, ux * per_frame])
+    return out
+
+
 def _parameter_groups(model: CausalWanTransformer, config: TransformerTrainConfig) -> list[dict]:
     """One group, or one more for each added part that learns at its own rate: the position table
     (``spatial_pos_lr_scale``, no weight decay) and the text modulation
-    (``text_modulation_lr_scale``); ``lr_scale`` is read by the training loop's schedule."""
-    for name in ("spatial_pos_lr_scale", "text_modulation_lr_scale"):
+    (``text_modulation_lr_scale``) and the text velocity (``text_velocity_lr_scale``); ``lr_scale``
+    is read by the training loop's schedule."""
+    for name in ("spatial_pos_lr_scale", "text_modulation_lr_scale", "text_velocity_lr_scale"):
         if getattr(config, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(config, name)}")
     own: list[dict] = []
@@ -623,6 +645,14 @@ def _parameter_groups(model: CausalWanTransformer, config: TransformerTrainConfi
             {
                 "params": list(model.text_to_modulation.parameters()),
                 "lr_scale": config.text_modulation_lr_scale,
+            }
+        )
+    if model.text_to_velocity is not None and config.text_velocity_lr_scale != 1.0:
+        assert model.velocity_gain is not None  # made together
+        own.append(
+            {
+                "params": [*model.text_to_velocity.parameters(), model.velocity_gain],
+                "lr_scale": config.text_velocity_lr_scale,
             }
         )
     apart = {id(p) for group in own for p in group["params"]}
@@ -717,6 +747,8 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         architecture["spatial_pos_grid"] = (config.size // spatial // p_h, config.size // spatial // p_w)
     if config.text_modulation:
         architecture["text_modulation"] = True
+    if config.text_velocity:
+        architecture["text_velocity"] = True
     model = CausalWanTransformer(**architecture).to(device)
     optimizer = torch.optim.AdamW(
         _parameter_groups(model, config), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99)
@@ -858,6 +890,11 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
                     )
                 loss = loss + config.direction_pair_weight * pair_loss
                 logged["pair"] = round(pair_loss.item(), 4)
+            if model.text_to_velocity is not None and config.text_velocity_weight > 0:
+                target = caption_velocities([s.text for s in samples], config, temporal, spatial).to(device)
+                velocity_loss = (model.text_to_velocity(text.float()) - target).square().sum(dim=1).mean()
+                loss = loss + config.text_velocity_weight * velocity_loss
+                logged["vel"] = round(velocity_loss.item(), 4)
             if not run.update(loss, data_s=round(data_seconds, 3), step_s=round(step_seconds, 3), **logged):
                 break
             step_seconds = time.perf_counter() - started
