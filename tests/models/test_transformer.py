@@ -400,12 +400,17 @@ def _with_text_modulation(model: CausalWanTransformer, scale: float) -> CausalWa
     return modulated
 
 
-def test_text_modulation_starts_as_the_model_without_it_and_then_reads_the_prompt():
+def _prompted_inputs():
+    """The plain model, two latents, their timesteps and a prompt of 5 tokens padded to 7 (zeros,
+    as the encoders write the padding)."""
     _, model = _pair()
-    x = torch.randn(2, 4, 3, 4, 6)
-    timestep = torch.tensor([10.0, 700.0])
     text = torch.randn(2, 7, TINY["text_dim"])
-    text[:, 5:] = 0  # padding, as the encoders write it: left out of the mean
+    text[:, 5:] = 0
+    return model, torch.randn(2, 4, 3, 4, 6), torch.tensor([10.0, 700.0]), text
+
+
+def test_text_modulation_starts_as_the_model_without_it_and_then_reads_the_prompt():
+    model, x, timestep, text = _prompted_inputs()  # the padding is left out of the mean
     with torch.no_grad():
         plain = model(x, timestep, text).sample
         created = _with_text_modulation(model, 0.0)
@@ -440,11 +445,7 @@ def _with_text_velocity(model: CausalWanTransformer, gain: float) -> CausalWanTr
 
 
 def test_text_velocity_starts_as_the_model_without_it_and_then_reads_the_prompt():
-    _, model = _pair()
-    x = torch.randn(2, 4, 3, 4, 6)
-    timestep = torch.tensor([10.0, 700.0])
-    text = torch.randn(2, 7, TINY["text_dim"])
-    text[:, 5:] = 0  # padding, as the encoders write it: left out of the pooling
+    model, x, timestep, text = _prompted_inputs()  # the padding is left out of the pooling
     with torch.no_grad():
         plain = model(x, timestep, text).sample
         created = CausalWanTransformer(**{**model.config, "text_velocity": True}).eval()
