@@ -60,6 +60,7 @@ class WanRope(nn.Module):
         self.theta = theta
         self.dims = axis_dims(head_dim)
         self._tables: dict[torch.device, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        self._frequencies: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def tables(self, device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         if device not in self._tables:
@@ -73,12 +74,13 @@ class WanRope(nn.Module):
     def axis_frequencies(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(head_dim // 2,) float32 angular frequencies of the row and of the column axis, each zero
         on the other axes' channel pairs: a token's row angle on pair i is ``row * rows[i]``."""
-        t_dim, h_dim, w_dim = self.dims
-        parts = [_axis_table(dim, 2, self.theta)[1].float() for dim in self.dims]
-        zeros = [torch.zeros_like(part) for part in parts]
-        rows = torch.cat([zeros[0], parts[1], zeros[2]])
-        columns = torch.cat([zeros[0], zeros[1], parts[2]])
-        return rows.to(device), columns.to(device)
+        if device not in self._frequencies:  # built once per device, as the tables
+            parts = [_axis_table(dim, 2, self.theta)[1].float() for dim in self.dims]
+            zeros = [torch.zeros_like(part) for part in parts]
+            rows = torch.cat([zeros[0], parts[1], zeros[2]])
+            columns = torch.cat([zeros[0], zeros[1], parts[2]])
+            self._frequencies[device] = (rows.to(device), columns.to(device))
+        return self._frequencies[device]
 
     def motion_phases(
         self, frame_positions: torch.Tensor, frame_tokens: int, velocity: torch.Tensor

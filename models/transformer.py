@@ -746,8 +746,12 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
                 f"{self.config.rope_max_seq_len}; use rope_mode='rolling' with a sliding-window cache for long videos"
             )
         query_frames = torch.arange(frame_offset, frame_offset + frames, device=device)
+        query_positions = frame_positions(query_frames, shift, sinks)
+        cache_positions = (
+            frame_positions(kv_cache.frame_index(device), shift, sinks) if kv_cache is not None else None
+        )
         ctx = SelfAttentionContext(
-            rope=self.rope(frame_positions(query_frames, shift, sinks), grid_h, grid_w),
+            rope=self.rope(query_positions, grid_h, grid_w),
             pattern=attention_pattern,
             kv_cache=kv_cache,
             frame_tokens=frame_tokens,
@@ -756,20 +760,16 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
             if sequence_parallel is not None:
                 raise ValueError("text_velocity is not supported with sequence parallelism")
             velocity = text_context.velocity.expand(batch, -1)
-            phases = self.rope.motion_phases(
-                frame_positions(query_frames, shift, sinks), frame_tokens, velocity
-            )
+            phases = self.rope.motion_phases(query_positions, frame_tokens, velocity)
             key_phases = phases
-            if kv_cache is not None:
-                cached = frame_positions(kv_cache.frame_index(device), shift, sinks)
+            if cache_positions is not None:
                 key_phases = torch.cat(
-                    [self.rope.motion_phases(cached, frame_tokens, velocity), phases], dim=1
+                    [self.rope.motion_phases(cache_positions, frame_tokens, velocity), phases], dim=1
                 )
             ctx.moving_frame = MovingFrame(phases, key_phases, self.velocity_gain)
         if kv_cache is not None:
-            ctx.cache_rope = self.rope(
-                frame_positions(kv_cache.frame_index(device), shift, sinks), grid_h, grid_w
-            )
+            assert cache_positions is not None  # set with the cache
+            ctx.cache_rope = self.rope(cache_positions, grid_h, grid_w)
             ctx.write_frame = frame_offset if update_cache else None
             if sequence_parallel is None and kv_cache.use_workspace:
                 ctx.cache_stamp = (shift, grid_h, grid_w)
