@@ -8,8 +8,12 @@ the config normalise latents for the transformer.
 
 Design: each group of four frames is stacked on the channel axis and folded into 4x4 patches
 (pixel unshuffle), so every convolution runs at latent resolution; a small full-resolution head
-sharpens edges that cross patch borders. Groups are coded independently, which makes decoding a
-video chunk by chunk exactly equal to decoding it whole, with no state between chunks. It is the
+sharpens edges that cross patch borders. Groups are encoded independently. With
+``decoder_context=0`` they are decoded independently too, so decoding a video chunk by chunk equals
+decoding it whole with no state between chunks. With ``decoder_context=1`` the decoder also reads
+the latent frame before each one (latent frame 0 reads itself): a denoiser's latents place the
+object in each group but hardly say how it moves inside the group, and the frame before says where
+it came from. Chunk-by-chunk decoding then carries one latent frame (``previous``). It is the
 autoencoder of the embedded default model (see ``vidgen/default_model/MODEL_CARD.md`` for why it
 was chosen over a tiny ``AutoencoderKLWan``).
 """
@@ -60,8 +64,13 @@ class AutoencoderKLLite(ModelMixin, ConfigMixin):  # type: ignore[misc]  # diffu
         scale_factor_spatial: int = 4,
         latents_mean: list[float] | None = None,
         latents_std: list[float] | None = None,
+        decoder_context: int = 0,
     ) -> None:
         super().__init__()
+        if decoder_context not in (0, 1):
+            raise ValueError(
+                f"decoder_context is 0 or 1 (latent frames before each one), got {decoder_context}"
+            )
         t, s = scale_factor_temporal, scale_factor_spatial
         folded = in_channels * t * s * s
         self.encoder = nn.Sequential(
@@ -75,7 +84,7 @@ class AutoencoderKLLite(ModelMixin, ConfigMixin):  # type: ignore[misc]  # diffu
         # frame at half resolution: edges land on exact sub-cell positions in every frame of a group
         head_channels = t * upsample_channels * 4 if upsample_channels else folded
         self.decoder = nn.Sequential(
-            nn.Conv2d(z_dim, hidden_channels, 1),
+            nn.Conv2d(z_dim * (1 + decoder_context), hidden_channels, 1),
             *[ResBlock(hidden_channels) for _ in range(decoder_blocks)],
             nn.GroupNorm(8, hidden_channels),
             nn.SiLU(),
@@ -142,11 +151,32 @@ class AutoencoderKLLite(ModelMixin, ConfigMixin):  # type: ignore[misc]  # diffu
         return AutoencoderKLOutput(latent_dist=posterior) if return_dict else (posterior,)
 
     # ------------------------------------------------------------------ decode
-    def decode_unclamped(self, z: torch.Tensor, first_latent_index: int = 0) -> torch.Tensor:
+    def _with_context(
+        self, z: torch.Tensor, first_latent_index: int, previous: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``z`` (B, z_dim, n, h, w) with the latent frame before each one stacked on the channels."""
+        if not self.config.decoder_context:
+            return z
+        if previous is None:
+            if first_latent_index:
+                raise ValueError(
+                    "this decoder reads the latent frame before each one: pass previous= (latent frame "
+                    f"{first_latent_index - 1}) to decode from latent frame {first_latent_index}"
+                )
+            previous = z[:, :, :1]  # latent frame 0 (the first video frame) reads itself
+        before = torch.cat([previous.to(z.dtype), z[:, :, :-1]], dim=2)
+        return torch.cat([z, before], dim=1)
+
+    def decode_unclamped(
+        self, z: torch.Tensor, first_latent_index: int = 0, previous: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Decode latents (B, z_dim, n, h, w) whose first frame is latent frame ``first_latent_index``
-        of the video; the output is not clamped (training needs gradients beyond [-1, 1])."""
+        of the video; the output is not clamped (training needs gradients beyond [-1, 1]).
+        ``previous`` (B, z_dim, 1, h, w): the latent frame before ``z``'s first, which a decoder with
+        ``decoder_context`` needs from latent frame 1 on."""
         b, _, n, h, w = z.shape
         t, s = self.config.scale_factor_temporal, self.config.scale_factor_spatial
+        z = self._with_context(z, first_latent_index, previous)
         x = self.decoder(z.transpose(1, 2).flatten(0, 1))  # (B * n, C * t * s * s, h, w)
         if self.upsampler is None:
             x = F.pixel_shuffle(x, s)  # (B * n, C * t, H, W)
@@ -162,9 +192,13 @@ class AutoencoderKLLite(ModelMixin, ConfigMixin):  # type: ignore[misc]  # diffu
         return video
 
     def decode(
-        self, z: torch.Tensor, return_dict: bool = True, first_latent_index: int = 0
+        self,
+        z: torch.Tensor,
+        return_dict: bool = True,
+        first_latent_index: int = 0,
+        previous: torch.Tensor | None = None,
     ) -> DecoderOutput | tuple:
-        video = self.decode_unclamped(z, first_latent_index).clamp(-1.0, 1.0)
+        video = self.decode_unclamped(z, first_latent_index, previous).clamp(-1.0, 1.0)
         return DecoderOutput(sample=video) if return_dict else (video,)
 
     def forward(self, video: torch.Tensor, sample_posterior: bool = True) -> torch.Tensor:

@@ -5,7 +5,9 @@ frame the next ``t`` frames. A :class:`StreamingDecoder` decodes a chunk of late
 made, keeping whatever state the autoencoder needs between chunks, so that decoding a video chunk by
 chunk gives exactly the frames of decoding it whole:
 
-* ``AutoencoderKLLite`` codes each latent frame independently -- no state at all;
+* ``AutoencoderKLLite`` codes each latent frame independently -- no state at all -- or, with
+  ``decoder_context=1``, reads the latent frame before each one: the last latent frame decoded is
+  carried to the next chunk;
 * diffusers' ``AutoencoderKLWan`` decodes with causal 3-D convolutions; its per-convolution cache
   (``_feat_map``) is carried from one chunk to the next, exactly as its own ``decode`` carries it
   from one latent frame to the next.
@@ -85,11 +87,30 @@ class StreamingDecoder:
 
 
 class LiteStreamingDecoder(StreamingDecoder):
+    def __init__(self, vae) -> None:
+        super().__init__(vae)
+        self.context = int(getattr(vae.config, "decoder_context", 0) or 0)
+        self.previous: torch.Tensor | None = None  # with context: the last latent frame decoded
+
+    def reset(self) -> None:
+        self.previous = None
+
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, first_latent_index: int) -> torch.Tensor:
-        return self.vae.decode(
-            self._denormalize(latents), first_latent_index=first_latent_index
-        ).sample.float()
+        z = self._denormalize(latents)
+        previous = self.previous if first_latent_index else None
+        if self.context and first_latent_index and previous is None:
+            raise RuntimeError(f"decoding from latent frame {first_latent_index} needs the frame before it")
+        video = self.vae.decode(z, first_latent_index=first_latent_index, previous=previous).sample.float()
+        if self.context:
+            self.previous = z[:, :, -1:].clone()
+        return video
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {"lite_previous": self.previous.contiguous()} if self.previous is not None else {}
+
+    def load_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.previous = tensors.get("lite_previous")
 
 
 class WanStreamingDecoder(StreamingDecoder):

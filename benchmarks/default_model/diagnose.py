@@ -241,6 +241,10 @@ def windows(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0) -> No
     bad: dict[tuple[str, str], int] = {}
     flicker = 0
     bad_count = 0
+    path = boundary_path = 0.0
+    way = dict.fromkeys(
+        ("to the named way", "away from it", "axis not named", "no direction named", "unclear"), 0
+    )
     for k, prompt in enumerate(held_out_prompts(prompts, seed=seed)):
         frames = _frames(pipe, prompt, num_frames, seed=k)
         report = evaluate_video(frames, prompt)
@@ -259,14 +263,22 @@ def windows(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0) -> No
                 bad_count += 1
                 key = (r.axis, spec.shape or "?")
                 bad[key] = bad.get(key, 0) + 1
+                way[_turn_way(report.frames, r, spec)] += 1
                 near = shapes_drawn[max(0, r.span[0] - 3) : r.span[1] + 4]
                 flicker += len({s for s in near if s is not None}) > 1
+        moved, at_boundary = _path_at_latent_boundaries(report.frames)
+        path += moved
+        boundary_path += at_boundary
         print(
             f"{k:3d} windows passing {report.window_pass_rate:4.0%}  motion fails "
             f"{sum(not w.motion_ok for w in report.windows)}  reversal fails "
             f"{sum(not w.reversal_ok for w in report.windows)}  {prompt}"
         )
     print(f"windows: {total}, failing motion {motion}, failing reversal {reversal}")
+    print(
+        f"share of the centroid's path moved between latent frames (the autoencoder's 4-frame "
+        f"groups; 25 % for even motion): {boundary_path / max(path, 1e-9):.0%}"
+    )
     if ratios:
         q = np.nanpercentile(ratios, [10, 50, 90])
         print(f"motion failures, measured / required speed: p10 {q[0]:.2f} median {q[1]:.2f} p90 {q[2]:.2f}")
@@ -276,6 +288,39 @@ def windows(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0) -> No
         )
         for (axis, shape), n in sorted(bad.items()):
             print(f"  axis {axis}, named {shape}: {n}")
+        print("  after the turn the object moves: " + ", ".join(f"{k} {n}" for k, n in way.items()))
+
+
+def _path_at_latent_boundaries(frames) -> tuple[float, float]:
+    """The centroid's path length over a video, and the part of it moved from the last frame of one
+    latent frame to the first of the next (pixel frames 4k -> 4k + 1: the autoencoder decodes frame
+    0 alone, then groups of 4)."""
+    path = boundary = 0.0
+    for t in range(1, len(frames)):
+        a, b = frames[t - 1].centroid, frames[t].centroid
+        if a is None or b is None:
+            continue
+        step = float(np.hypot(b[0] - a[0], b[1] - a[1]))
+        path += step
+        boundary += step if t % 4 == 1 else 0.0
+    return path, boundary
+
+
+def _turn_way(frames, reversal, spec) -> str:
+    """Where a reversal sends the object on its axis, against the caption's direction there: the
+    sign of the centroid's move from the turning frame over the next 4 frames with a centroid."""
+    if spec.direction is None:
+        return "no direction named"
+    named = world.DIRECTIONS[spec.direction][0 if reversal.axis == "x" else 1]
+    if named == 0:
+        return "axis not named"
+    i = 0 if reversal.axis == "x" else 1
+    at = frames[reversal.frame].centroid
+    later = [f.centroid for f in frames[reversal.frame + 1 : reversal.frame + 8] if f.centroid is not None]
+    if at is None or len(later) < 4:
+        return "unclear"
+    move = later[3][i] - at[i]
+    return "to the named way" if move * named > 0 else "away from it"
 
 
 def shapes(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0, clips: int = 36) -> None:

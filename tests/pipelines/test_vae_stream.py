@@ -31,7 +31,8 @@ def _tiny_wan():
     ).eval()
 
 
-def _tiny_lite(mean=(0.0,) * 4, std=(1.0,) * 4):
+def _tiny_lite(mean=(0.0,) * 4, std=(1.0,) * 4, decoder_context=0):
+    torch.manual_seed(0)
     return AutoencoderKLLite(
         z_dim=4,
         hidden_channels=16,
@@ -40,10 +41,15 @@ def _tiny_lite(mean=(0.0,) * 4, std=(1.0,) * 4):
         refine_channels=8,
         latents_mean=list(mean) if mean is not None else None,
         latents_std=list(std) if std is not None else None,
+        decoder_context=decoder_context,
     ).eval()
 
 
-@pytest.mark.parametrize("make", [_tiny_wan, _tiny_lite])
+def _tiny_lite_with_context():
+    return _tiny_lite(mean=(0.1, 0.2, 0.0, -0.1), std=(1.0, 2.0, 0.5, 1.5), decoder_context=1)
+
+
+@pytest.mark.parametrize("make", [_tiny_wan, _tiny_lite, _tiny_lite_with_context])
 def test_chunkwise_decode_equals_whole_decode(make):
     vae = make()
     z = torch.randn(1, 4, 7, 4, 6)
@@ -81,6 +87,48 @@ def test_wan_decoder_state_survives_save_and_load():
         second.load_state(state)
         tail = second.decode(z[:, :, 2:], 2)
     assert torch.equal(torch.cat([head, tail], dim=2), whole)
+
+
+def test_a_decoder_with_context_reads_the_latent_frame_before_each_one():
+    """With ``decoder_context=1`` a group's frames change when only the latent frame before it
+    changes, and no others do; without it, nothing else changes. Latent frame 0 reads itself."""
+    z = torch.randn(1, 4, 4, 4, 4, generator=torch.Generator().manual_seed(3))
+    moved = z.clone()
+    moved[:, :, 1] += 1.0  # latent frame 1: video frames 1-4
+    for context in (0, 1):
+        vae = _tiny_lite(decoder_context=context)
+        with torch.no_grad():
+            a, b = vae.decode(z).sample, vae.decode(moved).sample
+        changed = (a - b).abs().amax(dim=(0, 1, 3, 4)) > 1e-4  # per video frame
+        expected = [False] + [True] * 4 + [bool(context)] * 4 + [False] * 4
+        assert changed.tolist() == expected
+    vae = _tiny_lite(decoder_context=1)
+    with torch.no_grad():
+        alone = vae.decode(z[:, :, :1]).sample
+        after = vae.decode(z[:, :, 2:], first_latent_index=2, previous=z[:, :, 1:2]).sample
+    torch.testing.assert_close(alone, vae.decode(z).sample[:, :, :1])
+    torch.testing.assert_close(after, vae.decode(z).sample[:, :, 5:], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="previous="):
+        vae.decode(z[:, :, 2:], first_latent_index=2)
+
+
+def test_lite_decoder_with_context_carries_the_last_latent_frame_through_save_and_load():
+    vae = _tiny_lite_with_context()
+    z = torch.randn(1, 4, 5, 4, 4, generator=torch.Generator().manual_seed(4))
+    mean, std = latent_stats(vae)
+    with torch.no_grad():
+        whole = vae.decode(z * std + mean).sample
+        first = streaming_decoder(vae)
+        head = first.decode(z[:, :, :2], 0)
+        state = first.state()
+        assert set(state) == {"lite_previous"} and state["lite_previous"].shape == (1, 4, 1, 4, 4)
+        second = streaming_decoder(vae)
+        with pytest.raises(RuntimeError, match="needs the frame before it"):
+            second.decode(z[:, :, 2:], 2)
+        second.load_state(state)
+        tail = second.decode(z[:, :, 2:], 2)
+    torch.testing.assert_close(torch.cat([head, tail], dim=2), whole, atol=1e-5, rtol=0)
+    assert streaming_decoder(_tiny_lite()).state() == {}  # without context: stateless
 
 
 def test_encode_normalises_with_config_stats():

@@ -37,6 +37,12 @@ def test_points_are_kept_sorted_and_a_step_is_replaced(tmp_path):
     assert [p["step"] for p in points] == [7000, 9000]
     assert points[1]["frame_pass_rate"] == 0.7
     assert json.loads(curve.read_text()) == points
+    # the same step after more hours (a part trained after it) is a point of its own
+    points = add_point(curve, {**curve_point(REPORT, 9000, 5.5), "frame_pass_rate": 0.75})
+    assert [(p["step"], p["hours"], p["frame_pass_rate"]) for p in points][1:] == [
+        (9000, 5.0, 0.7),
+        (9000, 5.5, 0.75),
+    ]
 
 
 def test_cli_reads_the_checkpoint_progress_and_draws(tmp_path, capsys):

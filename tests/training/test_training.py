@@ -1389,3 +1389,174 @@ def test_text_velocity_pooling_learns_the_named_way_from_held_out_phrasings():
     assert right >= 0.9, right
     # no direction named: near zero next to the named speeds (a slow diagonal is 0.23 a latent frame)
     assert got[~named.any(dim=1)].abs().mean() < 0.15
+
+
+def test_a_decoder_fine_tune_with_context_starts_as_its_source(autoencoder):
+    """``decoder_context=1`` from ``init_from``: the source's weights, the new input weights zero,
+    so it decodes exactly as the source until trained."""
+    from vidgen.models.autoencoder import AutoencoderKLLite
+    from vidgen.training.autoencoder import _load_decoder_fine_tune
+
+    _, final = autoencoder
+    source = AutoencoderKLLite.from_pretrained(final).eval()
+    tuned = _load_decoder_fine_tune(AutoencoderTrainConfig(init_from=str(final), decoder_context=1)).eval()
+    assert tuned.config.decoder_context == 1 and tuned.decoder[0].in_channels == 2 * source.config.z_dim
+    z = torch.randn(2, source.config.z_dim, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(tuned.decode(z).sample, source.decode(z).sample, atol=1e-6, rtol=0)
+
+
+def test_rollout_estimator_gives_the_transformers_estimates_of_whole_chunks(tmp_path):
+    """The estimator normalises with the pipeline's latent statistics, replaces every whole chunk by
+    ``rollout_estimates`` under the captions and noise it draws from ``rng`` (the same draws give
+    the same result), leaves a remainder frame as it was, and returns unnormalised latents."""
+    from tests.tiny import save_tiny_pipeline
+    from vidgen.models.autoencoder import AutoencoderKLLite
+    from vidgen.pipelines.vae_stream import latent_stats
+    from vidgen.shapes import captions, world
+    from vidgen.training.autoencoder import RolloutEstimator
+    from vidgen.training.transformer import rollout_estimates, text_pair_batched
+
+    folder = save_tiny_pipeline(tmp_path / "pipe")
+    config = AutoencoderTrainConfig(estimate_sigma_min=0.4, estimate_sigma_max=0.6)
+    estimator = RolloutEstimator(str(folder), config)
+    c = estimator.chunk_frames
+    z = torch.randn(2, 4, 2 * c + 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    scenes = [world.sample_scene(3), world.sample_scene(4)]
+    out = estimator(z, scenes, np.random.default_rng(7))
+
+    rng = np.random.default_rng(7)  # the estimator's draws, in its order
+    texts = [captions.caption(scene, rng, paraphrase=True) for scene in scenes]
+    generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    mean, std = latent_stats(AutoencoderKLLite.from_pretrained(folder / "vae"))
+    text = text_pair_batched(estimator.text_encoder, texts, texts)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=estimator.bf16):
+        expected = rollout_estimates(
+            estimator.transformer,
+            ((z - mean) / std)[:, :, : 2 * c],
+            text,
+            c,
+            (0.4, 0.6),
+            (1, 2, 2),
+            generator,
+        )
+    torch.testing.assert_close(out[:, :, : 2 * c], expected.float() * std + mean, atol=1e-5, rtol=1e-5)
+    assert torch.equal(out[:, :, 2 * c :], z[:, :, 2 * c :])
+    assert (out[:, :, : 2 * c] - z[:, :, : 2 * c]).abs().max() > 1e-2
+    torch.testing.assert_close(estimator(z, scenes, np.random.default_rng(7)), out)
+
+
+def test_a_decoder_fine_tune_decodes_the_estimates_of_the_last_clips_of_a_batch(
+    autoencoder, tmp_path, monkeypatch
+):
+    """``estimates_from``: the last ``estimate_share`` of each batch's clips are decoded from the
+    estimator's output, the others from their own (perturbed) latents; the encoder stays frozen and
+    the context weights leave zero. Without ``freeze_encoder`` the run refuses to start."""
+    from tests.tiny import save_tiny_pipeline
+    from vidgen.models.autoencoder import AutoencoderKLLite
+    from vidgen.training import autoencoder as ae
+
+    _, final = autoencoder
+    folder = save_tiny_pipeline(tmp_path / "pipe")
+    made, decoded = [], []
+    estimate = ae.RolloutEstimator.__call__
+
+    def recording_estimate(self, z, scenes, rng):
+        made.append(estimate(self, z, scenes, rng))
+        return made[-1]
+
+    decode = AutoencoderKLLite.decode_unclamped
+
+    def recording_decode(self, z, *args, **kwargs):
+        if self.training:
+            decoded.append(z.detach().clone())
+        return decode(self, z, *args, **kwargs)
+
+    monkeypatch.setattr(ae.RolloutEstimator, "__call__", recording_estimate)
+    monkeypatch.setattr(AutoencoderKLLite, "decode_unclamped", recording_decode)
+    settings = dict(TINY_AE, num_frames=9, batch_size=4, eval_clips=1)
+    config = AutoencoderTrainConfig(
+        run_dir=str(tmp_path / "run"),
+        init_from=str(final),
+        freeze_encoder=True,
+        decoder_context=1,
+        estimates_from=str(folder),
+        estimate_share=0.5,
+        steps=3,
+        warmup=1,
+        lr=1e-3,
+        **{k: v for k, v in settings.items() if k not in ("z_dim", "hidden_channels")},
+    )
+    ae.train_autoencoder(config)
+    assert len(made) == len(decoded) == 3
+    for estimates, z in zip(made, decoded):
+        assert torch.equal(z[2:], estimates)
+        assert (z[:2, :, :2] - estimates[:, :, :2]).abs().max() > 1e-2
+    source = AutoencoderKLLite.from_pretrained(final)
+    from safetensors.torch import load_file
+
+    trained = load_file(str(tmp_path / "run" / "latest" / "model.safetensors"))
+    for name, value in source.encoder.state_dict().items():
+        assert torch.equal(trained[f"encoder.{name}"], value)
+    assert trained["decoder.0.weight"][:, 4:].abs().max() > 0
+    with pytest.raises(ValueError, match="freeze_encoder"):
+        ae.train_autoencoder(dataclasses.replace(config, run_dir=str(tmp_path / "r2"), freeze_encoder=False))
+
+
+def test_still_groups_decode_the_latents_of_the_clip_held_still_in_each_group(
+    autoencoder, tmp_path, monkeypatch
+):
+    """``still_group_share``: the first clips of a batch decode the latents of their video with each
+    4-frame group held at its last frame (frame 0 kept), against the moving clip as the target."""
+    from vidgen.models.autoencoder import AutoencoderKLLite
+    from vidgen.training import autoencoder as ae
+
+    assert ae.still_group_frames(10) == [0, 4, 4, 4, 4, 8, 8, 8, 8, 12][:10]
+    assert ae.still_group_frames(9) == [0, 4, 4, 4, 4, 8, 8, 8, 8]
+    _, final = autoencoder
+    seen = []
+    loss = ae.reconstruction_loss
+
+    def recording_loss(model, batch, config, *args):
+        seen.append((batch.video.clone(), model))
+        return loss(model, batch, config, *args)
+
+    decoded = []
+    decode = AutoencoderKLLite.decode_unclamped
+
+    def recording_decode(self, z, *args, **kwargs):
+        if self.training:
+            decoded.append(z.detach().clone())
+        return decode(self, z, *args, **kwargs)
+
+    monkeypatch.setattr(ae, "reconstruction_loss", recording_loss)
+    monkeypatch.setattr(AutoencoderKLLite, "decode_unclamped", recording_decode)
+    settings = {k: v for k, v in TINY_AE.items() if k not in ("z_dim", "hidden_channels")}
+    config = AutoencoderTrainConfig(
+        run_dir=str(tmp_path / "run"),
+        init_from=str(final),
+        freeze_encoder=True,
+        decoder_context=1,
+        still_group_share=0.5,
+        latent_noise=0.0,
+        steps=1,
+        warmup=1,
+        **{**settings, "num_frames": 9, "batch_size": 4, "eval_clips": 1},
+    )
+    ae.train_autoencoder(config)
+    (video, model), z = seen[0], decoded[0]
+    with torch.no_grad():
+        held = model.encode(video[:2, :, [0, 4, 4, 4, 4, 8, 8, 8, 8]]).latent_dist.mode()
+        own = model.encode(video[2:]).latent_dist.mode()
+    torch.testing.assert_close(z[:2], held, atol=1e-5, rtol=0)
+    torch.testing.assert_close(z[2:], own, atol=1e-5, rtol=0)
+    assert (held - model.encode(video[:2]).latent_dist.mode()).abs().max() > 1e-3
+    # finalized, the fine-tune keeps the source's latent statistics exactly (not re-measured)
+    tuned = json.loads(
+        (
+            finalize_autoencoder(tmp_path / "run", tmp_path / "out", clips=2, size=32) / "config.json"
+        ).read_text()
+    )
+    source = json.loads((final / "config.json").read_text())
+    assert tuned["latents_mean"] == source["latents_mean"] and tuned["latents_std"] == source["latents_std"]
+    assert tuned["decoder_context"] == 1

@@ -51,8 +51,13 @@ def test_loads_offline_and_renders_the_asked_scene(clip):
 # set below (held-out phrasings, 4-s videos, seeds 0..5; `python -m tests.vidgen.test_default_model`
 # prints them). Until a target is reached the test asserts the measured level minus MARGIN, so
 # a regression fails; raise MEASURED whenever better weights ship.
-TARGETS = {"adherence_rate": 0.9, "frame_pass_rate": 0.9, "shape_right_rate": 0.95}
-MEASURED = {"adherence_rate": 0.0, "frame_pass_rate": 0.75, "shape_right_rate": 0.758}
+TARGETS = {"adherence_rate": 0.9, "frame_pass_rate": 0.9, "shape_right_rate": 0.95, "window_pass_rate": 0.9}
+MEASURED = {
+    "adherence_rate": 0.0,
+    "frame_pass_rate": 0.75,
+    "shape_right_rate": 0.758,
+    "window_pass_rate": 0.5,
+}
 MARGIN = 0.08  # other CPUs round differently; a video is 1/6 of the adherence rate
 FIXED_SET = 6
 

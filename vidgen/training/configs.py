@@ -42,7 +42,25 @@ class AutoencoderTrainConfig:
     z_dim: int = 8
     hidden_channels: int = 96
     upsample_channels: int = 0
-    """Decoder head: 0 a pixel shuffle at latent resolution; N two 2x stages with N channels."""
+    """Decoder head: 0 a pixel shuffle at latent resolution; N two 2x stages with N channels
+    (with ``init_from``, 0 keeps the source's head)."""
+    decoder_context: int = 0
+    """1: the decoder also reads the latent frame before each one (from ``init_from``, the new
+    input weights start at zero, so it first decodes as before)."""
+    estimates_from: str = ""
+    """A pipeline folder whose transformer's rollout estimates the decoder learns to decode: for
+    ``estimate_share`` of the clips, their latents are replaced by the transformer's one-step
+    estimates, chunk by chunk against its earlier estimates as generation makes them (noise levels
+    ``estimate_sigma_min``..``_max``; the caption a paraphrase of the clip's scene), and the clip
+    stays the target. Needs ``freeze_encoder``."""
+    estimate_share: float = 0.5
+    still_group_share: float = 0.0
+    """Share of the clips (the first of each batch) decoded from the latents of the clip with each
+    4-frame group held still at its last frame, the clip itself the target: the decoder learns to
+    move the object inside a group from where the latent frame before left it (with
+    ``decoder_context``)."""
+    estimate_sigma_min: float = 0.3
+    estimate_sigma_max: float = 0.7
     seed: int = 0
     log_every: int = 50
     save_every: int = 500

@@ -36,11 +36,14 @@ def curve_point(report: dict, step: int, hours: float, note: str = "") -> dict:
 
 
 def add_point(curve_file: str | Path, point: dict) -> list[dict]:
-    """Add (or replace, for the same step) a point; returns the points sorted by step."""
+    """Add (or replace, for the same step and hours) a point; returns the points sorted by step,
+    then hours. The same step at more hours is another point: the transformer of that step with
+    parts trained after it (a decoder fine-tune)."""
     path = Path(curve_file)
     points = json.loads(path.read_text()) if path.exists() else []
-    points = [p for p in points if p["step"] != point["step"]] + [point]
-    points.sort(key=lambda p: p["step"])
+    key = (point["step"], point["hours"])
+    points = [p for p in points if (p["step"], p["hours"]) != key] + [point]
+    points.sort(key=lambda p: (p["step"], p["hours"]))
     path.write_text(json.dumps(points, indent=1) + "\n")
     return points
 

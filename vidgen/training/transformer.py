@@ -545,16 +545,41 @@ def own_context_estimates(
     chunk by chunk as a rollout makes them: chunk k is the clip's chunk noised to a level drawn from
     ``config.self_context_sigma_min``..``_max`` and estimated against the estimates of chunks < k,
     which it sees at timestep 0 as the pipeline caches its finished chunks."""
+    return rollout_estimates(
+        model,
+        latents,
+        text,
+        config.chunk_frames,
+        (config.self_context_sigma_min, config.self_context_sigma_max),
+        tuple(config.model["patch_size"]),
+        generator,
+        chunks=latents.shape[2] // config.chunk_frames - 1,
+    )
+
+
+def rollout_estimates(
+    model: CausalWanTransformer | Callable,
+    latents: torch.Tensor,
+    text: torch.Tensor,
+    chunk_frames: int,
+    sigma_range: tuple[float, float],
+    patch_size: tuple[int, ...],
+    generator: torch.Generator,
+    chunks: int | None = None,
+) -> torch.Tensor:
+    """``latents`` (B, C, F, h, w) with its first ``chunks`` chunks (default: all) replaced by the
+    model's one-step estimates, as :func:`own_context_estimates` describes (noise levels drawn
+    uniformly from ``sigma_range``, one per sample and chunk)."""
     batch, _, frames, height, width = latents.shape
     device = latents.device
-    c = config.chunk_frames
-    low, high = config.self_context_sigma_min, config.self_context_sigma_max
-    sigma = (low + (high - low) * torch.rand(batch, frames // c - 1, generator=generator)).to(device)
-    noise = torch.randn(latents[:, :, :-c].shape, generator=generator).to(device)
-    c_p = config.model["patch_size"]
-    pattern = AttentionPattern.block_causal((height // c_p[1]) * (width // c_p[2]), c)
+    c = chunk_frames
+    chunks = frames // c if chunks is None else chunks
+    low, high = sigma_range
+    sigma = (low + (high - low) * torch.rand(batch, chunks, generator=generator)).to(device)
+    noise = torch.randn(latents[:, :, : chunks * c].shape, generator=generator).to(device)
+    pattern = AttentionPattern.block_causal((height // patch_size[1]) * (width // patch_size[2]), c)
     out = latents.clone()
-    for k in range(frames // c - 1):
+    for k in range(chunks):
         here = slice(k * c, (k + 1) * c)
         s = sigma[:, k, None, None, None, None]
         noisy = (1 - s) * latents[:, :, here] + s * noise[:, :, here]
