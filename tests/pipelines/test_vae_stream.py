@@ -73,19 +73,27 @@ def test_chunkwise_decode_equals_whole_decode(make):
     assert (parts - whole).abs().max() <= 1e-5  # batch-size-dependent conv kernels differ in rounding only
 
 
-def test_wan_decoder_state_survives_save_and_load():
-    vae = _tiny_wan()
-    z = torch.randn(1, 4, 5, 4, 4)
+def _decoded_through_saved_state(vae, z, split, resumed_vae=None):
+    """``(whole, head, tail, state)``: ``z`` decoded whole, and as two chunks split at latent
+    frame ``split`` by two streaming decoders, the second (over ``resumed_vae``, default ``vae``)
+    resumed from the state the first saved."""
     mean, std = latent_stats(vae)
     with torch.no_grad():
         whole = vae.decode(z * std + mean).sample
         first = streaming_decoder(vae)
-        head = first.decode(z[:, :, :2], 0)
+        head = first.decode(z[:, :, :split], 0)
         state = first.state()
-        second = streaming_decoder(_tiny_wan().requires_grad_(False))
-        second.vae.load_state_dict(vae.state_dict())
+        second = streaming_decoder(resumed_vae if resumed_vae is not None else vae)
         second.load_state(state)
-        tail = second.decode(z[:, :, 2:], 2)
+        tail = second.decode(z[:, :, split:], split)
+    return whole, head, tail, state
+
+
+def test_wan_decoder_state_survives_save_and_load():
+    vae = _tiny_wan()
+    resumed = _tiny_wan().requires_grad_(False)
+    resumed.load_state_dict(vae.state_dict())
+    whole, head, tail, _ = _decoded_through_saved_state(vae, torch.randn(1, 4, 5, 4, 4), 2, resumed)
     assert torch.equal(torch.cat([head, tail], dim=2), whole)
 
 
@@ -115,19 +123,11 @@ def test_a_decoder_with_context_reads_the_latent_frame_before_each_one():
 def test_lite_decoder_with_context_carries_the_last_latent_frame_through_save_and_load():
     vae = _tiny_lite_with_context()
     z = torch.randn(1, 4, 5, 4, 4, generator=torch.Generator().manual_seed(4))
-    mean, std = latent_stats(vae)
-    with torch.no_grad():
-        whole = vae.decode(z * std + mean).sample
-        first = streaming_decoder(vae)
-        head = first.decode(z[:, :, :2], 0)
-        state = first.state()
-        assert set(state) == {"lite_previous"} and state["lite_previous"].shape == (1, 4, 1, 4, 4)
-        second = streaming_decoder(vae)
-        with pytest.raises(RuntimeError, match="needs the frame before it"):
-            second.decode(z[:, :, 2:], 2)
-        second.load_state(state)
-        tail = second.decode(z[:, :, 2:], 2)
+    whole, head, tail, state = _decoded_through_saved_state(vae, z, 2)
+    assert set(state) == {"lite_previous"} and state["lite_previous"].shape == (1, 4, 1, 4, 4)
     torch.testing.assert_close(torch.cat([head, tail], dim=2), whole, atol=1e-5, rtol=0)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="needs the frame before it"):
+        streaming_decoder(vae).decode(z[:, :, 2:], 2)  # no state loaded
     assert streaming_decoder(_tiny_lite()).state() == {}  # without context: stateless
 
 
@@ -178,16 +178,8 @@ def test_wan_decoder_state_right_after_the_first_latent():
     """After latent 0 diffusers' cache holds "repeat the first frame" markers: they must survive."""
     vae = _tiny_wan()
     z = torch.randn(1, 4, 3, 4, 4, generator=torch.Generator().manual_seed(1))
-    mean, std = latent_stats(vae)
-    with torch.no_grad():
-        whole = vae.decode(z * std + mean).sample
-        first = streaming_decoder(vae)
-        head = first.decode(z[:, :, :1], 0)
-        state = first.state()
-        assert any(name.startswith("wan_cache_rep.") for name in state)
-        second = streaming_decoder(vae)
-        second.load_state(state)
-        tail = second.decode(z[:, :, 1:], 1)
+    whole, head, tail, state = _decoded_through_saved_state(vae, z, 1)
+    assert any(name.startswith("wan_cache_rep.") for name in state)
     assert torch.equal(torch.cat([head, tail], dim=2), whole)
 
 
