@@ -17,6 +17,7 @@ clip's latents (``estimates_from``).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -231,8 +232,6 @@ def finalize_autoencoder(
     held-out clips, ready for transformer training and shipping. A decoder fine-tune over a frozen
     encoder keeps its source's statistics exactly: a transformer trained on that latent space
     normalises with them."""
-    import json
-
     latest = Path(run_dir) / "latest"
     config = AutoencoderKLLite.load_config(latest)
     model = AutoencoderKLLite.from_config(config)
