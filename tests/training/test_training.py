@@ -1451,7 +1451,8 @@ def test_a_decoder_fine_tune_decodes_the_estimates_of_the_last_clips_of_a_batch(
 ):
     """``estimates_from``: the last ``estimate_share`` of each batch's clips are decoded from the
     estimator's output, the others from their own (perturbed) latents; the encoder stays frozen and
-    the context weights leave zero. Without ``freeze_encoder`` the run refuses to start."""
+    the context weights leave zero. Without ``freeze_encoder``, or with ``still_group_share +
+    estimate_share`` above 1, the run refuses to start."""
     from tests.tiny import save_tiny_pipeline
     from vidgen.models.autoencoder import AutoencoderKLLite
     from vidgen.training import autoencoder as ae
@@ -1501,6 +1502,10 @@ def test_a_decoder_fine_tune_decodes_the_estimates_of_the_last_clips_of_a_batch(
     assert trained["decoder.0.weight"][:, 4:].abs().max() > 0
     with pytest.raises(ValueError, match="freeze_encoder"):
         ae.train_autoencoder(dataclasses.replace(config, run_dir=str(tmp_path / "r2"), freeze_encoder=False))
+    # still groups take the first clips, estimates the last: shares above 1 in all would overlap
+    with pytest.raises(ValueError, match="at most 1"):
+        ae.train_autoencoder(dataclasses.replace(config, run_dir=str(tmp_path / "r3"), still_group_share=0.75))
+    assert not (tmp_path / "r3").exists()
 
 
 def test_still_groups_decode_the_latents_of_the_clip_held_still_in_each_group(

@@ -188,6 +188,13 @@ def train_autoencoder(config: AutoencoderTrainConfig) -> Path:
             "estimates_from needs init_from and freeze_encoder: the transformer's estimates live "
             "in the latent space of the autoencoder it was trained on"
         )
+    if config.estimates_from and config.still_group_share + config.estimate_share > 1:
+        # the estimates replace the last clips of the batch, the still groups the first: above 1
+        # they overlap and the estimates silently take some of the still clips
+        raise ValueError(
+            f"still_group_share + estimate_share must be at most 1, got "
+            f"{config.still_group_share} + {config.estimate_share}"
+        )
     if config.init_from:
         # decoder fine-tuning: the encoder (and so the latent space a transformer learned) stays
         # fixed; a decoder of another shape (upsample_channels, decoder_context) starts from the
