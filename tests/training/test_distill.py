@@ -182,6 +182,55 @@ def test_ode_regression_brings_four_steps_to_the_teacher(teacher_folder, tmp_pat
     assert after < 0.5 * before, (before, after)
 
 
+def test_regression_term_adds_the_pools_gradient_and_holds_the_student(teacher_folder, tmp_path):
+    """``regression_weight``: a generator update's gradient is DMD's plus the weight times the pool
+    regression's, and self forcing from a perturbed student brings its four steps back to the
+    teacher's only when the term is on."""
+    common = dict(stage="self-forcing", sampler="euler", teacher_steps=4, generator_every=1, exit_step="last")
+    moved = CausalWanTransformer.from_pretrained(teacher_folder / "transformer")
+    with torch.no_grad():
+        moved.proj_out.bias.add_(0.3)
+    moved.save_pretrained(tmp_path / "moved")
+
+    def distiller_for(weight: float) -> Distiller:
+        config = _config(tmp_path / f"g{weight}", teacher_folder, init_from=str(tmp_path / "moved"),
+                         regression_weight=weight, **common)  # fmt: skip
+        return Distiller(config, _teacher(teacher_folder))
+
+    def student_grad(distiller: Distiller, loss: torch.Tensor) -> torch.Tensor:
+        distiller.student.zero_grad(set_to_none=True)
+        loss.backward()  # the critic's loss reads a detached rollout: only DMD and the term reach here
+        return torch.cat([p.grad.flatten() for p in distiller.student.parameters()])
+
+    distiller = distiller_for(0.0)
+    pool, prompts = distiller.ode_pool()
+    dmd = student_grad(distiller, distiller.self_forcing_step(0, pool, prompts)["loss"])
+    regressed = distiller_for(2.0)
+    out = regressed.self_forcing_step(0, pool, prompts)
+    both = student_grad(regressed, out["loss"])
+    alone = student_grad(regressed, regressed.pool_regression(1_000_003, pool, prompts))
+    assert float(out["regression_loss"].detach()) > 0
+    assert alone.abs().max() > 1e-3  # the perturbed student is off the teacher's trajectories
+    assert torch.allclose(both, dmd + 2.0 * alone, atol=1e-5)
+
+    # training: the four-step error to the teacher's samples, before and after 12 updates
+    errors = {}
+    for weight in (0.0, 5.0):
+        config = _config(tmp_path / f"t{weight}", teacher_folder, init_from=str(tmp_path / "moved"),
+                         regression_weight=weight, steps=12, lr=2e-3, ema_decay=0.0, **common)  # fmt: skip
+        folder = train_distill(config, _teacher(teacher_folder))
+        errors[weight] = _four_step_error(
+            CausalWanTransformer.from_pretrained(folder), distiller, pool, prompts
+        )
+    before = _four_step_error(moved, distiller, pool, prompts)
+    assert errors[5.0] < 0.5 * before and errors[5.0] < 0.5 * errors[0.0], (before, errors)
+    # without the pool the term cannot be computed; a negative weight is refused
+    with pytest.raises(ValueError, match="trajectory pool"):
+        regressed.self_forcing_step(0)
+    with pytest.raises(ValueError, match="regression_weight"):
+        _config(tmp_path, teacher_folder, regression_weight=-1.0)
+
+
 @pytest.mark.parametrize("stage", ["ode", "self-forcing"])
 def test_stretches_resume_exactly(teacher_folder, tmp_path, stage):
     common = dict(stage=stage, steps=5, generator_every=2, exit_step="per_chunk", save_every=100)

@@ -334,6 +334,11 @@ class DistillTrainConfig:
     a rollout (Self Forcing's default), random per chunk, or always the last."""
     generator_every: int = 5
     """Self-forcing: a generator update every this many fake-score updates."""
+    regression_weight: float = 0.0
+    """Self-forcing: weight of the ODE regression on the teacher's trajectory pool (``ode_pairs``
+    trajectories, made once as the ``ode`` stage makes them), added to every generator update: DMD's
+    paired regression term, which holds the student's samples near the teacher's while the
+    distribution matching moves them (0: none)."""
     dmd_sigma_min: float = 0.02
     dmd_sigma_max: float = 0.98
     """Range of the (shifted) noise levels at which the score models judge a rollout."""
@@ -382,5 +387,7 @@ class DistillTrainConfig:
         for name in ("rollout_chunks", "generator_every", "batch_size", "ode_pairs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.regression_weight < 0:
+            raise ValueError(f"regression_weight must be >= 0, got {self.regression_weight}")
         if not 0.0 < self.dmd_sigma_min < self.dmd_sigma_max < 1.0:
             raise ValueError("need 0 < dmd_sigma_min < dmd_sigma_max < 1")

@@ -21,8 +21,10 @@ the chunk's output is the clean estimate there and goes to the cache without gra
 rollouts are scored by the frozen teacher with CFG (*real* score) and by a trainable *fake* score
 (initialised from the teacher, trained with the flow-matching loss on the student's detached
 rollouts); the generator's gradient is the normalised difference of their clean estimates.
-Every step trains the fake score; every ``generator_every``-th step also the generator. No data is
-needed: prompts come from Shapes World's captions or from a text file.
+Every step trains the fake score; every ``generator_every``-th step also the generator. With
+``regression_weight`` the generator update also regresses the teacher's trajectory pool (the ``ode``
+stage's loss), DMD's paired regression term: it holds the student near what the teacher draws while
+the distribution matching moves it. No data is needed: prompts come from Shapes World's captions or from a text file.
 """
 
 from __future__ import annotations
@@ -318,23 +320,27 @@ class Distiller:
                 denoiser.write_context(finished, cond, cache, i * f, generator)
         return torch.stack(losses).mean()
 
-    def ode_step(
-        self, step: int, pool: dict[str, torch.Tensor], prompts: list[str]
-    ) -> dict[str, torch.Tensor]:
+    def pool_regression(self, step: int, pool: dict[str, torch.Tensor], prompts: list[str]) -> torch.Tensor:
+        """The ODE regression on a batch of the pool picked by ``step``, each chunk at a random
+        student sigma."""
         c = self.config
         rng = np.random.default_rng([c.seed, step])
         pick = rng.choice(len(prompts), size=min(c.batch_size, len(prompts)), replace=False)
         chosen = torch.from_numpy(pick)
         steps = torch.from_numpy(rng.integers(0, c.student_steps, size=c.rollout_chunks))
         context_noise = torch.Generator(self.device).manual_seed(c.seed * 7_919 + step)
-        loss = self.regression_loss(
+        return self.regression_loss(
             [prompts[int(i)] for i in pick],
             pool["levels"][chosen],
             pool["clean"][chosen],
             steps,
             context_noise,
         )
-        return {"loss": loss}
+
+    def ode_step(
+        self, step: int, pool: dict[str, torch.Tensor], prompts: list[str]
+    ) -> dict[str, torch.Tensor]:
+        return {"loss": self.pool_regression(step, pool, prompts)}
 
     # ---------------------------------------------------------------- self-forcing stage
     def exit_steps(self, rng: np.random.Generator) -> list[int]:
@@ -345,7 +351,11 @@ class Distiller:
             return [int(rng.integers(0, c.student_steps))] * c.rollout_chunks
         return [int(i) for i in rng.integers(0, c.student_steps, size=c.rollout_chunks)]
 
-    def self_forcing_step(self, step: int) -> dict[str, torch.Tensor]:
+    def self_forcing_step(
+        self, step: int, pool: dict[str, torch.Tensor] | None = None, pool_prompts: list[str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """One fake-score update, and every ``generator_every``-th step a generator update: DMD on
+        the student's rollout, plus ``regression_weight`` times the ODE regression on ``pool``."""
         c = self.config
         rng = np.random.default_rng([c.seed, step])
         generator = torch.Generator().manual_seed(c.seed * 1_000_003 + step)
@@ -387,6 +397,12 @@ class Distiller:
                 self.autocast,
             )
             loss = loss + out["generator_loss"]
+            if c.regression_weight > 0:
+                if pool is None or pool_prompts is None:
+                    raise DistillSetupError("regression_weight > 0 needs the trajectory pool (ode_pool())")
+                # another seed than the rollout's: the pool's batch is not the rollout's prompts
+                out["regression_loss"] = self.pool_regression(step + 1_000_003, pool, pool_prompts)
+                loss = loss + c.regression_weight * out["regression_loss"]
         sigma = sample_sigmas(batch, c.rollout_chunks, chunk_frames, c, self.shift, generator)
         noise = torch.randn(video.shape, generator=generator).to(self.device)
         out["critic_loss"] = flow_matching_loss(
@@ -428,14 +444,16 @@ def train_distill(config: DistillTrainConfig, teacher: Teacher | None = None) ->
         )
     optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.999))
     run = TrainingRun(config, modules, optimizer, lr_floor=1.0)
-    if config.stage == "ode":
+    pool, prompts = None, None
+    if config.stage == "ode" or config.regression_weight > 0:
         pool, prompts = distiller.ode_pool()
     metrics: dict[str, float] = {}
     while not run.done:
         if config.stage == "ode":
+            assert pool is not None and prompts is not None
             out = distiller.ode_step(run.step, pool, prompts)
         else:
-            out = distiller.self_forcing_step(run.step)
+            out = distiller.self_forcing_step(run.step, pool, prompts)
         # the latest of each (a generator loss comes every generator_every steps)
         metrics.update({k: float(v.detach()) for k, v in out.items() if k != "loss"})
         if not run.update(out["loss"], **metrics):
