@@ -24,7 +24,8 @@ rollouts); the generator's gradient is the normalised difference of their clean 
 Every step trains the fake score; every ``generator_every``-th step also the generator. With
 ``regression_weight`` the generator update also regresses the teacher's trajectory pool (the ``ode``
 stage's loss), DMD's paired regression term: it holds the student near what the teacher draws while
-the distribution matching moves it. No data is needed: prompts come from Shapes World's captions or from a text file.
+the distribution matching moves it. No data is needed: prompts come from Shapes World's captions
+or from a text file.
 """
 
 from __future__ import annotations
