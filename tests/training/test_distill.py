@@ -13,9 +13,10 @@ from tests.tiny import FP32, save_tiny_pipeline
 from vidgen.models import CausalWanTransformer
 from vidgen.pipelines import LongVideoPipeline, loading
 from vidgen.pipelines.pipeline import _chunk_generator
+from vidgen.shapes.evaluate import evaluate_video
 from vidgen.training.configs import DistillTrainConfig
 from vidgen.training.distill import Distiller, load_teacher, train_distill
-from vidgen.training.rollout import conditioning, dmd_loss, sample_sigmas
+from vidgen.training.rollout import conditioning, dmd_loss, flow_matching_loss, sample_sigmas
 
 SMALL = {"generation.height": 32, "generation.width": 32, "drift.anchor_stats": False, **FP32}
 PROMPT = "a red circle moving left on a black background"
@@ -229,6 +230,77 @@ def test_regression_term_adds_the_pools_gradient_and_holds_the_student(teacher_f
         regressed.self_forcing_step(0)
     with pytest.raises(ValueError, match="regression_weight"):
         _config(tmp_path, teacher_folder, regression_weight=-1.0)
+
+
+def test_data_term_adds_the_clips_gradient_and_fits_them(teacher_folder, tmp_path):
+    """``data_weight``: the clips are Shapes World videos from their start that their captions
+    describe; a generator update's gradient is DMD's plus the weight times the flow-matching loss's
+    on them; training with the term lowers that loss on clips it has not seen."""
+    common = dict(stage="self-forcing", sampler="euler", generator_every=1, exit_step="last")
+
+    def distiller_for(weight: float, **more) -> Distiller:
+        config = _config(tmp_path / f"g{weight}", teacher_folder, data_weight=weight, **common, **more)
+        return Distiller(config, _teacher(teacher_folder))
+
+    data = distiller_for(2.0, batch_size=4, data_object_weight=8.0)
+    clips, texts = data.data_clips(0)
+    assert [len(c.frames) for c in clips] == [1 + 4 * (2 * 2 - 1)] * 4  # two chunks of two latent frames
+    right = [evaluate_video(c.frames, t).frame_pass_rate for c, t in zip(clips, texts)]
+    wrong = [evaluate_video(c.frames, t).frame_pass_rate for c, t in zip(clips, texts[1:] + texts[:1])]
+    # at 32 px an object on the edge may be measured off; another clip's caption fails almost every frame
+    assert sum(right) / 4 > 0.9 and max(wrong) < 0.2, (right, wrong)
+    latents, _, weight = data.data_batch(0)
+    assert latents.shape == (4, 4, 4, *data.latent_hw)
+    # the object weight: 1 + data_object_weight (8) on the object's latent cells and their
+    # neighbours, which are a small share of each frame; 1 elsewhere
+    assert weight.shape == (4, 4, *data.latent_hw)
+    assert set(weight.unique().tolist()) == {1.0, 9.0}
+    assert 0.0 < float((weight > 1).float().mean()) < 0.5
+    # a weight of one value is the plain mean; the object weight changes the loss
+    sigma = torch.full((4, 4), 0.6)
+    noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(0))
+    text = data.embed(texts)
+    with torch.no_grad():
+        plain = flow_matching_loss(data.student, latents, text, sigma, noise, data.pattern)
+        flat = flow_matching_loss(
+            data.student, latents, text, sigma, noise, data.pattern, weight=torch.full_like(weight, 3.0)
+        )
+        weighted = flow_matching_loss(data.student, latents, text, sigma, noise, data.pattern, weight=weight)
+    assert torch.allclose(plain, flat, rtol=1e-5) and abs(float(weighted / plain) - 1) > 0.01
+
+    def student_grad(distiller: Distiller, loss: torch.Tensor) -> torch.Tensor:
+        distiller.student.zero_grad(set_to_none=True)
+        loss.backward()
+        return torch.cat([p.grad.flatten() for p in distiller.student.parameters()])
+
+    plain = distiller_for(0.0)
+    dmd = student_grad(plain, plain.self_forcing_step(0)["loss"])
+    held = distiller_for(2.0)
+    out = held.self_forcing_step(0)
+    both = student_grad(held, out["loss"])
+    alone = student_grad(held, held.data_loss(0))
+    assert alone.abs().max() > 1e-3
+    assert torch.allclose(both, dmd + 2.0 * alone, atol=1e-5)
+
+    # training: the loss on clips of steps the runs never drew, before and after 12 updates
+    def unseen_loss(folder) -> float:
+        data.modules.generator = CausalWanTransformer.from_pretrained(folder)
+        with torch.no_grad():
+            return sum(float(data.data_loss(10_000 + k)) for k in range(4)) / 4
+
+    losses = {}
+    for weight in (0.0, 5.0):
+        config = _config(tmp_path / f"t{weight}", teacher_folder, data_weight=weight, steps=12, lr=2e-3,
+                         ema_decay=0.0, **common)  # fmt: skip
+        losses[weight] = unseen_loss(train_distill(config, _teacher(teacher_folder)))
+    before = unseen_loss(teacher_folder / "transformer")
+    assert losses[5.0] < 0.8 * before and losses[5.0] < 0.8 * losses[0.0], (before, losses)
+    with pytest.raises(ValueError, match="--prompts"):
+        prompts = tmp_path / "prompts.txt"
+        prompts.write_text(PROMPT + "\n")
+        distiller_for(1.0, prompts=str(prompts))
+    with pytest.raises(ValueError, match="data_weight"):
+        _config(tmp_path, teacher_folder, data_weight=-1.0)
 
 
 @pytest.mark.parametrize("stage", ["ode", "self-forcing"])

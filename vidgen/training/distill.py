@@ -24,8 +24,10 @@ rollouts); the generator's gradient is the normalised difference of their clean 
 Every step trains the fake score; every ``generator_every``-th step also the generator. With
 ``regression_weight`` the generator update also regresses the teacher's trajectory pool (the ``ode``
 stage's loss), DMD's paired regression term: it holds the student near what the teacher draws while
-the distribution matching moves it. No data is needed: prompts come from Shapes World's captions
-or from a text file.
+the distribution matching moves it. With ``data_weight`` it also takes the flow-matching loss on
+Shapes World clips rendered on the fly (captioned, encoded by the teacher's autoencoder): that holds
+it to the data instead. Otherwise no data is needed: prompts come from Shapes World's captions or
+from a text file.
 """
 
 from __future__ import annotations
@@ -44,8 +46,11 @@ from vidgen.config import VidgenConfig
 from vidgen.models import CausalWanTransformer
 from vidgen.pipelines import loading
 from vidgen.pipelines.scheduler import FlowSchedule
+from vidgen.shapes import captions, world
+from vidgen.shapes.world import Clip
 from vidgen.training.checkpoint import as_float, load_transformer
 from vidgen.training.configs import DistillTrainConfig
+from vidgen.training.data import clips_to_tensor
 from vidgen.training.loop import TrainingRun
 from vidgen.training.rollout import (
     Rollout,
@@ -58,6 +63,7 @@ from vidgen.training.rollout import (
     text_embeddings,
     velocity,
 )
+from vidgen.training.transformer import latent_object_weight
 
 
 class DistillSetupError(ValueError):
@@ -129,8 +135,6 @@ class PromptSource:
     def sample(self, rng: np.random.Generator, count: int) -> list[str]:
         if self.lines:
             return [self.lines[int(i)] for i in rng.integers(0, len(self.lines), size=count)]
-        from vidgen.shapes import captions, world
-
         return [captions.caption(world.sample_scene(rng), rng, paraphrase=True) for _ in range(count)]
 
 
@@ -201,6 +205,21 @@ class Distiller:
         self.teacher.text_encoder.to(self.device)  # UMT5 on a GPU: prompts change every step
         self.chunk_shape = (self.real.config.in_channels, g.chunk_frames, *self.latent_hw)
         self.pattern = score_pattern(self.real, self.teacher.config, self.latent_hw, config.teacher_attention)
+        self.vae = None
+        if config.data_weight > 0:
+            if config.prompts:
+                raise DistillSetupError(
+                    "data_weight renders Shapes World clips with their own captions: leave out --prompts"
+                )
+            if g.height != g.width:
+                raise DistillSetupError(
+                    f"data_weight renders square Shapes World clips, not {g.height}x{g.width}"
+                )
+            self.vae = loading.load_vae(self.teacher.folder, self.pipe_config)
+            self.vae = self.vae.to(self.device).float().eval().requires_grad_(False)
+            stats = [torch.tensor(getattr(self.vae.config, k)) for k in ("latents_mean", "latents_std")]
+            self.latent_mean, self.latent_std = (t.view(1, -1, 1, 1, 1).to(self.device) for t in stats)
+            self.temporal = int(getattr(self.vae.config, "scale_factor_temporal", 4) or 4)
 
     @property
     def student(self) -> CausalWanTransformer:
@@ -343,6 +362,55 @@ class Distiller:
     ) -> dict[str, torch.Tensor]:
         return {"loss": self.pool_regression(step, pool, prompts)}
 
+    # ---------------------------------------------------------------- data term
+    def data_clips(self, step: int) -> tuple[list[Clip], list[str]]:
+        """``batch_size`` Shapes World clips as long as a rollout, each from the start of its scene
+        (as the pipeline starts a video), and their paraphrased captions."""
+        c = self.config
+        rng = np.random.default_rng([c.seed, step, 11])
+        frames = 1 + self.temporal * (c.rollout_chunks * self.rollout.chunk_frames - 1)
+        scenes = [world.sample_scene(rng) for _ in range(c.batch_size)]
+        texts = [captions.caption(scene, rng, paraphrase=True) for scene in scenes]
+        size = self.teacher.config.generation.height
+        return [world.render_clip(scene, frames, size=size, rng=rng) for scene in scenes], texts
+
+    def data_batch(self, step: int) -> tuple[torch.Tensor, list[str], torch.Tensor | None]:
+        """``data_clips(step)`` encoded: latents (B, C, F, h, w) normalised as the transformer sees
+        them, the captions, and the object weight (B, F, h, w) of ``data_object_weight`` (None
+        at 0)."""
+        assert self.vae is not None, "data_weight is 0: no autoencoder loaded"
+        clips, texts = self.data_clips(step)
+        with torch.no_grad():
+            video = clips_to_tensor([clip.frames for clip in clips], self.device)
+            latents = self.vae.encode(video).latent_dist.mode().float()
+        weight = None
+        if self.config.data_object_weight > 0:
+            masks = torch.from_numpy(np.stack([clip.masks for clip in clips])).float().to(self.device)
+            spatial = masks.shape[-1] // latents.shape[-1]
+            weight = latent_object_weight(masks, self.temporal, spatial, self.config.data_object_weight)
+        return (latents - self.latent_mean) / self.latent_std, texts, weight
+
+    def data_loss(self, step: int) -> torch.Tensor:
+        """The flow-matching loss of the student on ``data_batch(step)``, each chunk at its own
+        noise level (as the fake score learns the student's rollouts), weighted on the object."""
+        c = self.config
+        latents, texts, weight = self.data_batch(step)
+        generator = torch.Generator().manual_seed(c.seed * 1_000_003 + step + 11)
+        sigma = sample_sigmas(
+            len(texts), c.rollout_chunks, self.rollout.chunk_frames, c, self.shift, generator
+        )
+        noise = torch.randn(latents.shape, generator=generator).to(self.device)
+        return flow_matching_loss(
+            self.student,
+            latents,
+            self.embed(texts),
+            sigma.to(self.device),
+            noise,
+            self.pattern,
+            self.autocast,
+            weight,
+        )
+
     # ---------------------------------------------------------------- self-forcing stage
     def exit_steps(self, rng: np.random.Generator) -> list[int]:
         c = self.config
@@ -356,7 +424,8 @@ class Distiller:
         self, step: int, pool: dict[str, torch.Tensor] | None = None, pool_prompts: list[str] | None = None
     ) -> dict[str, torch.Tensor]:
         """One fake-score update, and every ``generator_every``-th step a generator update: DMD on
-        the student's rollout, plus ``regression_weight`` times the ODE regression on ``pool``."""
+        the student's rollout, plus ``regression_weight`` times the ODE regression on ``pool`` and
+        ``data_weight`` times the flow-matching loss on rendered clips."""
         c = self.config
         rng = np.random.default_rng([c.seed, step])
         generator = torch.Generator().manual_seed(c.seed * 1_000_003 + step)
@@ -404,6 +473,9 @@ class Distiller:
                 # another seed than the rollout's: the pool's batch is not the rollout's prompts
                 out["regression_loss"] = self.pool_regression(step + 1_000_003, pool, pool_prompts)
                 loss = loss + c.regression_weight * out["regression_loss"]
+            if c.data_weight > 0:
+                out["data_loss"] = self.data_loss(step)
+                loss = loss + c.data_weight * out["data_loss"]
         sigma = sample_sigmas(batch, c.rollout_chunks, chunk_frames, c, self.shift, generator)
         noise = torch.randn(video.shape, generator=generator).to(self.device)
         out["critic_loss"] = flow_matching_loss(

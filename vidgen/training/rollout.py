@@ -299,8 +299,11 @@ def flow_matching_loss(
     noise: torch.Tensor,
     pattern: AttentionPattern | None,
     autocast: torch.dtype | None = None,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The fake score's loss: the ordinary velocity regression on (detached) student rollouts."""
+    """The fake score's loss: the ordinary velocity regression on (detached) student rollouts; with
+    ``weight`` (B, F, h, w), the mean weighted by it (normalised: weights of one value give the
+    plain mean)."""
     video = video.detach()
     noisy = add_noise(video, noise, sigma_frames[:, None, :, None, None])
     with torch.autocast(video.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
@@ -311,4 +314,8 @@ def flow_matching_loss(
             attention_pattern=pattern,
             return_dict=False,
         )[0].float()
-    return (v - (noise - video)).square().mean()
+    err = (v - (noise - video)).square()
+    if weight is None:
+        return err.mean()
+    w = weight[:, None].to(err.dtype).expand_as(err)
+    return (err * w).sum() / w.sum()
