@@ -63,7 +63,7 @@ from vidgen.training.rollout import (
     text_embeddings,
     velocity,
 )
-from vidgen.training.transformer import latent_object_weight
+from vidgen.training.transformer import latent_object_weight, latent_stats
 
 
 class DistillSetupError(ValueError):
@@ -217,8 +217,7 @@ class Distiller:
                 )
             self.vae = loading.load_vae(self.teacher.folder, self.pipe_config)
             self.vae = self.vae.to(self.device).float().eval().requires_grad_(False)
-            stats = [torch.tensor(getattr(self.vae.config, k)) for k in ("latents_mean", "latents_std")]
-            self.latent_mean, self.latent_std = (t.view(1, -1, 1, 1, 1).to(self.device) for t in stats)
+            self.latent_mean, self.latent_std = (t.to(self.device) for t in latent_stats(self.vae))
             self.temporal = int(getattr(self.vae.config, "scale_factor_temporal", 4) or 4)
 
     @property

@@ -317,5 +317,5 @@ def flow_matching_loss(
     err = (v - (noise - video)).square()
     if weight is None:
         return err.mean()
-    w = weight[:, None].to(err.dtype).expand_as(err)
-    return (err * w).sum() / w.sum()
+    w = weight[:, None].to(err.dtype)  # (B, 1, F, h, w), the same for every channel
+    return (err * w).mean() / w.mean()
