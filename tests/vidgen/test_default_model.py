@@ -49,17 +49,20 @@ def test_loads_offline_and_renders_the_asked_scene(clip):
 
 # The targets for the shipped model, and the best levels measured so far on the fixed
 # set below (held-out phrasings, 4-s videos, seeds 0..5; `python -m tests.vidgen.test_default_model`
-# prints them). Until a target is reached the test asserts the measured level minus MARGIN, so
+# prints them). Until a target is reached the test asserts the measured level minus its margin, so
 # a regression fails; raise MEASURED whenever better weights ship.
+FIXED_SET = 6
 TARGETS = {"adherence_rate": 0.9, "frame_pass_rate": 0.9, "shape_right_rate": 0.95, "window_pass_rate": 0.9}
 MEASURED = {
-    "adherence_rate": 0.0,
-    "frame_pass_rate": 0.836,
-    "shape_right_rate": 0.849,
-    "window_pass_rate": 0.5,
+    "adherence_rate": 0.167,
+    "frame_pass_rate": 0.865,
+    "shape_right_rate": 0.865,
+    "window_pass_rate": 0.875,
 }
-MARGIN = 0.08  # other CPUs round differently; a video is 1/6 of the adherence rate
-FIXED_SET = 6
+# other CPUs round differently. A video is 1/6 of the adherence rate, so its margin is one video:
+# the one adhering video of six is measured, not guarded, until a second one adheres.
+MARGINS = {"adherence_rate": 1 / FIXED_SET + 0.01}
+MARGIN = 0.08
 
 
 def _fixed_set_summary() -> dict[str, float]:
@@ -77,7 +80,7 @@ def fixed_set():
 
 @pytest.mark.parametrize("figure", sorted(TARGETS))
 def test_the_shipped_model_keeps_its_measured_level(fixed_set, figure):
-    floor = min(TARGETS[figure], MEASURED[figure] - MARGIN)
+    floor = min(TARGETS[figure], MEASURED[figure] - MARGINS.get(figure, MARGIN))
     if floor <= 0:
         pytest.skip(f"no {figure} measured above the margin yet: nothing to guard")
     assert fixed_set[figure] >= floor, (figure, fixed_set[figure], floor)
