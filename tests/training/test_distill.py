@@ -14,6 +14,7 @@ from vidgen.models import CausalWanTransformer
 from vidgen.pipelines import LongVideoPipeline, loading
 from vidgen.pipelines.pipeline import _chunk_generator
 from vidgen.shapes.evaluate import evaluate_video
+from vidgen.shapes.prompts import parse_prompt
 from vidgen.training.configs import DistillTrainConfig
 from vidgen.training.distill import Distiller, load_teacher, train_distill
 from vidgen.training.rollout import conditioning, dmd_loss, flow_matching_loss, sample_sigmas
@@ -249,7 +250,8 @@ def test_data_term_adds_the_clips_gradient_and_fits_them(teacher_folder, tmp_pat
     wrong = [evaluate_video(c.frames, t).frame_pass_rate for c, t in zip(clips, texts[1:] + texts[:1])]
     # at 32 px an object on the edge may be measured off; another clip's caption fails almost every frame
     assert sum(right) / 4 > 0.9 and max(wrong) < 0.2, (right, wrong)
-    latents, _, weight = data.data_batch(0)
+    latents, _, weight, other_shape = data.data_batch(0)
+    assert other_shape is None  # no shape swap asked for
     assert latents.shape == (4, 4, 4, *data.latent_hw)
     # the object weight: 1 + data_object_weight (8) on the object's latent cells and their
     # neighbours, which are a small share of each frame; 1 elsewhere
@@ -301,6 +303,66 @@ def test_data_term_adds_the_clips_gradient_and_fits_them(teacher_folder, tmp_pat
         distiller_for(1.0, prompts=str(prompts))
     with pytest.raises(ValueError, match="data_weight"):
         _config(tmp_path, teacher_folder, data_weight=-1.0)
+
+
+def test_data_shape_swap_noises_another_shape_toward_the_captioned_clip(teacher_folder, tmp_path):
+    """``data_shape_swap``: the data term's clips come with the same trajectory redrawn with another
+    shape; a swapped sample's chunks from ``data_shape_swap_sigma`` up are noised from that clip,
+    and the target's clean estimate ``noisy - sigma * v`` is still the captioned clip."""
+    common = dict(stage="self-forcing", sampler="euler", data_weight=1.0, batch_size=4)
+
+    def distiller_for(share: float, **more) -> Distiller:
+        config = _config(tmp_path / f"s{share}", teacher_folder, data_shape_swap=share, **common, **more)
+        return Distiller(config, _teacher(teacher_folder))
+
+    swap = distiller_for(1.0)
+    _, texts = swap.data_clips(0)
+    latents, _, _, other_shape = swap.data_batch(0)
+    plain_latents, _, _, none = distiller_for(0.0).data_batch(0)
+    assert none is None and torch.equal(latents, plain_latents)  # the swap leaves the clips as drawn
+    assert other_shape.shape == latents.shape
+    named = [parse_prompt(t).shape is not None for t in texts]
+    assert any(named)
+    for k, has_shape in enumerate(named):
+        # the redrawn clip differs; a caption that names no shape keeps its own clip
+        differs = float((other_shape[k] - latents[k]).abs().max())
+        assert (differs > 0.1) if has_shape else differs == 0.0, (k, texts[k], differs)
+
+    # the target: an oracle that returns the velocity whose clean estimate is the captioned clip
+    # fits the swapped loss exactly; one that assumes the noised clip is the captioned one does not
+    sigma = torch.full((4, 4), 0.7)
+    noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(1))
+    s = sigma[:, None, :, None, None]
+
+    class Oracle(torch.nn.Module):
+        dtype = torch.float32
+
+        def __init__(self, velocity):
+            super().__init__()
+            self.velocity = velocity
+
+        def forward(self, noisy, timestep, text, attention_pattern=None, return_dict=False):
+            return (self.velocity(noisy),)
+
+    text = swap.embed(texts)
+    toward_clip = Oracle(lambda noisy: (noisy - latents) / s)
+    ordinary = Oracle(lambda noisy: noise - latents)
+    swapped = flow_matching_loss(toward_clip, latents, text, sigma, noise, None, source=other_shape)
+    assert float(swapped) < 1e-10
+    assert float(flow_matching_loss(ordinary, latents, text, sigma, noise, None, source=other_shape)) > 1e-3
+    # with the source equal to the clip the target is the ordinary one, exactly
+    same = flow_matching_loss(swap.student, latents, text, sigma, noise, swap.pattern, source=latents)
+    plain = flow_matching_loss(swap.student, latents, text, sigma, noise, swap.pattern)
+    assert torch.equal(same, plain)
+
+    # the term swaps only from data_shape_swap_sigma up: above every drawn level it is the plain term
+    with torch.no_grad():
+        base = distiller_for(0.0).data_loss(3)
+        high = distiller_for(1.0, data_shape_swap_sigma=0.999).data_loss(3)
+        low = distiller_for(1.0, data_shape_swap_sigma=0.01).data_loss(3)
+    assert torch.equal(base, high) and not torch.equal(base, low)
+    with pytest.raises(ValueError, match="data_shape_swap"):
+        _config(tmp_path, teacher_folder, data_shape_swap=1.5)
 
 
 @pytest.mark.parametrize("stage", ["ode", "self-forcing"])

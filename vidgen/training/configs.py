@@ -351,6 +351,13 @@ class DistillTrainConfig:
     in 1,500 steps (stop 33). A likely reason, not measured: the transformer's training pairs its
     object weight with the shape swap, and without it the weighted term rewards reading the shape
     from the noisy input rather than from the caption."""
+    data_shape_swap: float = 0.0
+    """Share of the data term's clips whose caption names a shape and whose noised chunks, from
+    ``data_shape_swap_sigma`` up, start from the clip redrawn with another shape along the same
+    trajectory; the target stays the captioned clip, so only the caption tells the shape there (as
+    ``vidgen train transformer --shape-swap`` trains the many-step model; 0: none)."""
+    data_shape_swap_sigma: float = 0.5
+    """The noise level from which ``data_shape_swap`` applies."""
     dmd_sigma_min: float = 0.02
     dmd_sigma_max: float = 0.98
     """Range of the (shifted) noise levels at which the score models judge a rollout."""
@@ -405,5 +412,9 @@ class DistillTrainConfig:
             raise ValueError(f"data_weight must be >= 0, got {self.data_weight}")
         if self.data_object_weight < 0:
             raise ValueError(f"data_object_weight must be >= 0, got {self.data_object_weight}")
+        if not 0.0 <= self.data_shape_swap <= 1.0:
+            raise ValueError(f"data_shape_swap must be in [0, 1], got {self.data_shape_swap}")
+        if not 0.0 < self.data_shape_swap_sigma < 1.0:
+            raise ValueError(f"data_shape_swap_sigma must be in (0, 1), got {self.data_shape_swap_sigma}")
         if not 0.0 < self.dmd_sigma_min < self.dmd_sigma_max < 1.0:
             raise ValueError("need 0 < dmd_sigma_min < dmd_sigma_max < 1")

@@ -47,6 +47,7 @@ from vidgen.models import CausalWanTransformer
 from vidgen.pipelines import loading
 from vidgen.pipelines.scheduler import FlowSchedule
 from vidgen.shapes import captions, world
+from vidgen.shapes.prompts import parse_prompt
 from vidgen.shapes.world import Clip
 from vidgen.training.checkpoint import as_float, load_transformer
 from vidgen.training.configs import DistillTrainConfig
@@ -373,32 +374,53 @@ class Distiller:
         size = self.teacher.config.generation.height
         return [world.render_clip(scene, frames, size=size, rng=rng) for scene in scenes], texts
 
-    def data_batch(self, step: int) -> tuple[torch.Tensor, list[str], torch.Tensor | None]:
+    def data_batch(
+        self, step: int
+    ) -> tuple[torch.Tensor, list[str], torch.Tensor | None, torch.Tensor | None]:
         """``data_clips(step)`` encoded: latents (B, C, F, h, w) normalised as the transformer sees
-        them, the captions, and the object weight (B, F, h, w) of ``data_object_weight`` (None
-        at 0)."""
+        them, the captions, the object weight (B, F, h, w) of ``data_object_weight`` (None at 0),
+        and with ``data_shape_swap`` the latents of each clip redrawn with another shape (a clip
+        whose caption names no shape keeps its own: there is no shape to tell apart; None at 0)."""
         assert self.vae is not None, "data_weight is 0: no autoencoder loaded"
+        c = self.config
         clips, texts = self.data_clips(step)
+        frames = [clip.frames for clip in clips]
+        if c.data_shape_swap > 0:
+            rng = np.random.default_rng([c.seed, step, 13])  # its own stream: the clips stay as drawn
+            for clip, text in zip(clips, texts):
+                named = parse_prompt(text).shape is not None
+                other = str(rng.choice([s for s in world.SHAPES if s != clip.scenes[-1].shape]))
+                frames.append(world.redraw(clip, shape=other) if named else clip.frames)
         with torch.no_grad():
-            video = clips_to_tensor([clip.frames for clip in clips], self.device)
+            video = clips_to_tensor(frames, self.device)
             latents = self.vae.encode(video).latent_dist.mode().float()
+        latents = (latents - self.latent_mean) / self.latent_std
+        other_shape = None
+        if c.data_shape_swap > 0:
+            latents, other_shape = latents.chunk(2)
         weight = None
-        if self.config.data_object_weight > 0:
+        if c.data_object_weight > 0:
             masks = torch.from_numpy(np.stack([clip.masks for clip in clips])).float().to(self.device)
             spatial = masks.shape[-1] // latents.shape[-1]
-            weight = latent_object_weight(masks, self.temporal, spatial, self.config.data_object_weight)
-        return (latents - self.latent_mean) / self.latent_std, texts, weight
+            weight = latent_object_weight(masks, self.temporal, spatial, c.data_object_weight)
+        return latents, texts, weight, other_shape
 
     def data_loss(self, step: int) -> torch.Tensor:
         """The flow-matching loss of the student on ``data_batch(step)``, each chunk at its own
         noise level (as the fake score learns the student's rollouts), weighted on the object."""
         c = self.config
-        latents, texts, weight = self.data_batch(step)
+        latents, texts, weight, other_shape = self.data_batch(step)
         generator = torch.Generator().manual_seed(c.seed * 1_000_003 + step + 11)
         sigma = sample_sigmas(
             len(texts), c.rollout_chunks, self.rollout.chunk_frames, c, self.shift, generator
         )
         noise = torch.randn(latents.shape, generator=generator).to(self.device)
+        source = None
+        if other_shape is not None:
+            # drawn after the noise: a run without the swap keeps its random stream
+            swapped = torch.rand(len(texts), generator=generator) < c.data_shape_swap
+            where = (swapped[:, None] & (sigma >= c.data_shape_swap_sigma)).to(self.device)
+            source = torch.where(where[:, None, :, None, None], other_shape, latents)
         return flow_matching_loss(
             self.student,
             latents,
@@ -408,6 +430,7 @@ class Distiller:
             self.pattern,
             self.autocast,
             weight,
+            source,
         )
 
     # ---------------------------------------------------------------- self-forcing stage

@@ -300,12 +300,22 @@ def flow_matching_loss(
     pattern: AttentionPattern | None,
     autocast: torch.dtype | None = None,
     weight: torch.Tensor | None = None,
+    source: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The fake score's loss: the ordinary velocity regression on (detached) student rollouts; with
     ``weight`` (B, F, h, w), the mean weighted by it (normalised: weights of one value give the
-    plain mean)."""
+    plain mean).
+
+    ``source`` (the shape of ``video``) is what gets noised instead of ``video``; the target is
+    still the velocity whose clean estimate ``noisy - sigma * v`` is ``video``. Where the two are
+    equal it is the ordinary target, exactly (the data term's shape swap)."""
     video = video.detach()
-    noisy = add_noise(video, noise, sigma_frames[:, None, :, None, None])
+    s = sigma_frames[:, None, :, None, None]
+    noisy = add_noise(video if source is None else source.detach(), noise, s)
+    target = noise - video
+    if source is not None:
+        # noisy - s * v = video  <=>  v = noise - video + (1 - s) / s * (source - video)
+        target = target + (1 - s) / s.clamp(min=1e-3) * (source.detach() - video)
     with torch.autocast(video.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
         v = model(
             noisy.to(model.dtype),
@@ -314,7 +324,7 @@ def flow_matching_loss(
             attention_pattern=pattern,
             return_dict=False,
         )[0].float()
-    err = (v - (noise - video)).square()
+    err = (v - target).square()
     if weight is None:
         return err.mean()
     w = weight[:, None].to(err.dtype)  # (B, 1, F, h, w), the same for every channel
