@@ -365,6 +365,60 @@ def test_data_shape_swap_noises_another_shape_toward_the_captioned_clip(teacher_
         _config(tmp_path, teacher_folder, data_shape_swap=1.5)
 
 
+def test_data_temporal_weight_costs_the_error_that_changes_between_latent_frames(teacher_folder, tmp_path):
+    """``data_temporal_weight``: the data term adds the weight times the mean square of the clean
+    estimate's error differenced over latent frames: nothing for an error every frame shares, four
+    times its square for one that flips sign from frame to frame."""
+    latents = torch.randn(2, 4, 4, 4, 4, generator=torch.Generator().manual_seed(2))
+    noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(3))
+    sigma = torch.tensor([[0.3, 0.3, 0.8, 0.8], [0.6, 0.6, 0.5, 0.5]])
+    s = sigma[:, None, :, None, None]
+    text = torch.zeros(2, 1, 8)
+
+    class Off(torch.nn.Module):
+        """Predicts the velocity whose clean estimate is off from the clip by ``error``."""
+
+        dtype = torch.float32
+
+        def __init__(self, error):
+            super().__init__()
+            self.error = error
+
+        def forward(self, noisy, timestep, text, attention_pattern=None, return_dict=False):
+            return (noise - latents - self.error / s,)
+
+    a = 0.25
+    shared = Off(torch.full(latents.shape, a))
+    sign = torch.tensor([1.0, -1.0, 1.0, -1.0])[None, None, :, None, None]
+    flipping = Off(a * sign.expand(latents.shape))
+    for model in (shared, flipping):
+        plain = flow_matching_loss(model, latents, text, sigma, noise, None)
+        assert torch.allclose(plain, (a / s).square().expand(latents.shape).mean(), rtol=1e-5)
+    assert torch.allclose(flow_matching_loss(shared, latents, text, sigma, noise, None, temporal_weight=3.0),
+                          flow_matching_loss(shared, latents, text, sigma, noise, None), rtol=1e-6)  # fmt: skip
+    added = flow_matching_loss(flipping, latents, text, sigma, noise, None, temporal_weight=3.0) - plain
+    assert torch.allclose(added, torch.tensor(3.0 * (2 * a) ** 2), rtol=1e-5)
+    # with an object weight the term is a weighted mean: a jitter of one size costs the same
+    weight = torch.ones(2, 4, 4, 4)
+    weight[:, 1, :2] = 9.0
+    weighted = flow_matching_loss(flipping, latents, text, sigma, noise, None, weight=weight)
+    with_jitter = flow_matching_loss(
+        flipping, latents, text, sigma, noise, None, weight=weight, temporal_weight=3.0
+    )
+    assert torch.allclose(with_jitter - weighted, torch.tensor(3.0 * (2 * a) ** 2), rtol=1e-5)
+
+    # in the data term: the same clips and noise, and the term on top
+    def data_loss(temporal: float) -> torch.Tensor:
+        config = _config(tmp_path / f"t{temporal}", teacher_folder, stage="self-forcing", data_weight=1.0,
+                         data_temporal_weight=temporal)  # fmt: skip
+        with torch.no_grad():
+            return Distiller(config, _teacher(teacher_folder)).data_loss(5)
+
+    assert float(data_loss(2.0)) > float(data_loss(0.0)) > 0
+    with pytest.raises(ValueError, match="data_temporal_weight"):
+        _config(tmp_path, teacher_folder, data_temporal_weight=-1.0)
+
+
 @pytest.mark.parametrize("stage", ["ode", "self-forcing"])
 def test_stretches_resume_exactly(teacher_folder, tmp_path, stage):
     common = dict(stage=stage, steps=5, generator_every=2, exit_step="per_chunk", save_every=100)

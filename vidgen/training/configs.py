@@ -351,6 +351,11 @@ class DistillTrainConfig:
     in 1,500 steps (stop 33). A likely reason, not measured: the transformer's training pairs its
     object weight with the shape swap, and without it the weighted term rewards reading the shape
     from the noisy input rather than from the caption."""
+    data_temporal_weight: float = 0.0
+    """The data term's weight on its clean estimate's error changing from one latent frame to the
+    next (``flow_matching_loss``'s ``temporal_weight``; on the object's cells with
+    ``data_object_weight``): the error an object stepping back or changing shape between latent
+    frames makes, which rule 8 fails (0: none)."""
     data_shape_swap: float = 0.0
     """Share of the data term's clips whose caption names a shape and whose noised chunks, from
     ``data_shape_swap_sigma`` up, start from the clip redrawn with another shape along the same
@@ -412,6 +417,8 @@ class DistillTrainConfig:
             raise ValueError(f"data_weight must be >= 0, got {self.data_weight}")
         if self.data_object_weight < 0:
             raise ValueError(f"data_object_weight must be >= 0, got {self.data_object_weight}")
+        if self.data_temporal_weight < 0:
+            raise ValueError(f"data_temporal_weight must be >= 0, got {self.data_temporal_weight}")
         if not 0.0 <= self.data_shape_swap <= 1.0:
             raise ValueError(f"data_shape_swap must be in [0, 1], got {self.data_shape_swap}")
         if not 0.0 < self.data_shape_swap_sigma < 1.0:

@@ -431,6 +431,7 @@ class Distiller:
             self.autocast,
             weight,
             source,
+            c.data_temporal_weight,
         )
 
     # ---------------------------------------------------------------- self-forcing stage

@@ -301,10 +301,17 @@ def flow_matching_loss(
     autocast: torch.dtype | None = None,
     weight: torch.Tensor | None = None,
     source: torch.Tensor | None = None,
+    temporal_weight: float = 0.0,
 ) -> torch.Tensor:
     """The fake score's loss: the ordinary velocity regression on (detached) student rollouts; with
     ``weight`` (B, F, h, w), the mean weighted by it (normalised: weights of one value give the
     plain mean).
+
+    ``temporal_weight`` adds that many times the mean square of the clean estimate's error changing
+    from one latent frame to the next (``sigma * (v - target)`` differenced over frames; weighted,
+    with ``weight``, by the larger of the two frames' weights). An error the frames share costs
+    nothing there; one that comes and goes from frame to frame -- an object that steps back or
+    changes shape between latent frames -- costs it twice (the data term's temporal weight).
 
     ``source`` (the shape of ``video``) is what gets noised instead of ``video``; the target is
     still the velocity whose clean estimate ``noisy - sigma * v`` is ``video``. Where the two are
@@ -324,8 +331,15 @@ def flow_matching_loss(
             attention_pattern=pattern,
             return_dict=False,
         )[0].float()
-    err = (v - target).square()
-    if weight is None:
-        return err.mean()
-    w = weight[:, None].to(err.dtype)  # (B, 1, F, h, w), the same for every channel
-    return (err * w).mean() / w.mean()
+    diff = v - target
+    err = diff.square()
+    w = None if weight is None else weight[:, None].to(err.dtype)  # (B, 1, F, h, w), every channel
+    loss = err.mean() if w is None else (err * w).mean() / w.mean()
+    if temporal_weight > 0:
+        jitter = (s * diff).diff(dim=2).square()
+        if w is None:
+            loss = loss + temporal_weight * jitter.mean()
+        else:
+            moved = torch.maximum(w[:, :, 1:], w[:, :, :-1])
+            loss = loss + temporal_weight * (jitter * moved).mean() / moved.mean()
+    return loss
