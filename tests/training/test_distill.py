@@ -305,6 +305,19 @@ def test_data_term_adds_the_clips_gradient_and_fits_them(teacher_folder, tmp_pat
         _config(tmp_path, teacher_folder, data_weight=-1.0)
 
 
+class _Velocity(torch.nn.Module):
+    """A stand-in transformer whose velocity is ``velocity(noisy)``: a known answer for a loss."""
+
+    dtype = torch.float32
+
+    def __init__(self, velocity):
+        super().__init__()
+        self.velocity = velocity
+
+    def forward(self, noisy, timestep, text, attention_pattern=None, return_dict=False):
+        return (self.velocity(noisy),)
+
+
 def test_data_shape_swap_noises_another_shape_toward_the_captioned_clip(teacher_folder, tmp_path):
     """``data_shape_swap``: the data term's clips come with the same trajectory redrawn with another
     shape; a swapped sample's chunks from ``data_shape_swap_sigma`` up are noised from that clip,
@@ -334,19 +347,9 @@ def test_data_shape_swap_noises_another_shape_toward_the_captioned_clip(teacher_
     noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(1))
     s = sigma[:, None, :, None, None]
 
-    class Oracle(torch.nn.Module):
-        dtype = torch.float32
-
-        def __init__(self, velocity):
-            super().__init__()
-            self.velocity = velocity
-
-        def forward(self, noisy, timestep, text, attention_pattern=None, return_dict=False):
-            return (self.velocity(noisy),)
-
     text = swap.embed(texts)
-    toward_clip = Oracle(lambda noisy: (noisy - latents) / s)
-    ordinary = Oracle(lambda noisy: noise - latents)
+    toward_clip = _Velocity(lambda noisy: (noisy - latents) / s)
+    ordinary = _Velocity(lambda noisy: noise - latents)
     swapped = flow_matching_loss(toward_clip, latents, text, sigma, noise, None, source=other_shape)
     assert float(swapped) < 1e-10
     assert float(flow_matching_loss(ordinary, latents, text, sigma, noise, None, source=other_shape)) > 1e-3
@@ -375,22 +378,14 @@ def test_data_temporal_weight_costs_the_error_that_changes_between_latent_frames
     s = sigma[:, None, :, None, None]
     text = torch.zeros(2, 1, 8)
 
-    class Off(torch.nn.Module):
-        """Predicts the velocity whose clean estimate is off from the clip by ``error``."""
-
-        dtype = torch.float32
-
-        def __init__(self, error):
-            super().__init__()
-            self.error = error
-
-        def forward(self, noisy, timestep, text, attention_pattern=None, return_dict=False):
-            return (noise - latents - self.error / s,)
+    def off(error: torch.Tensor) -> _Velocity:
+        """The velocity whose clean estimate is off from the clip by ``error``."""
+        return _Velocity(lambda noisy: noise - latents - error / s)
 
     a = 0.25
-    shared = Off(torch.full(latents.shape, a))
+    shared = off(torch.full(latents.shape, a))
     sign = torch.tensor([1.0, -1.0, 1.0, -1.0])[None, None, :, None, None]
-    flipping = Off(a * sign.expand(latents.shape))
+    flipping = off(a * sign.expand(latents.shape))
     for model in (shared, flipping):
         plain = flow_matching_loss(model, latents, text, sigma, noise, None)
         assert torch.allclose(plain, (a / s).square().expand(latents.shape).mean(), rtol=1e-5)
