@@ -250,6 +250,51 @@ def test_shape_contrast_weights_the_values_that_tell_the_shapes_apart():
     assert torch.equal(shape_contrast_weight(z, z, 4.0), torch.ones_like(z))
 
 
+def test_temporal_weight_costs_the_clean_estimate_error_that_changes_between_frames():
+    """``temporal_weight``: a model whose clean estimate is off by the same amount in every frame
+    pays nothing more; one whose error flips sign from frame to frame pays the weight times
+    (2a)^2 on the pairs of frames both in the loss, scaled by the larger object weight of the two."""
+    from vidgen.training.transformer import diffusion_forcing_loss
+
+    torch.manual_seed(2)
+    latents = torch.randn(2, 4, 8, 4, 4)
+    text = torch.randn(2, 6, TINY_DIT["model"]["text_dim"])
+    base = {k: v for k, v in TINY_DIT.items() if k != "model"}
+    a = 0.3
+
+    def off_by(error):  # error (F,): the clean estimate noisy - sigma * v is latents - error
+        def model(noisy, timestep, text, attention_pattern=None, return_dict=False):
+            sigma = (timestep / 1000.0)[:, None, :, None, None]
+            return ((noisy - latents) / sigma + error[None, None, :, None, None] / sigma,)
+
+        return model
+
+    def loss(model, weight, chunks, object_weight=None):
+        config = TransformerTrainConfig(**base, clean_context_prob=0.0, temporal_weight=weight)
+        generator = torch.Generator().manual_seed(5)
+        return float(diffusion_forcing_loss(model, latents, text, chunks, config, generator, object_weight))
+
+    every = torch.ones(2, 4, dtype=torch.bool)
+    shared, flipping = off_by(torch.full((8,), a)), off_by(a * torch.tensor([1.0, -1] * 4))
+    assert loss(shared, 3.0, every) == pytest.approx(loss(shared, 0.0, every), rel=1e-6)
+    added = loss(flipping, 3.0, every) - loss(flipping, 0.0, every)
+    assert added == pytest.approx(3.0 * (2 * a) ** 2, rel=1e-4)
+    # chunk 2 of 4 out of the loss: the pairs touching its frames (2, 3) leave the term, the rest
+    # are all flips, so the mean stays (2a)^2; an error changing only inside chunk 2 costs nothing
+    some = torch.tensor([[True, False, True, True]] * 2)
+    added = loss(flipping, 3.0, some) - loss(flipping, 0.0, some)
+    assert added == pytest.approx(3.0 * (2 * a) ** 2, rel=1e-4)
+    inside = off_by(torch.tensor([0.0, 0, a, -a, 0, 0, 0, 0]))
+    assert loss(inside, 3.0, some) == pytest.approx(loss(inside, 0.0, some), abs=1e-7)
+    # object weight 5 on every cell of frame 4: pairs (3, 4) and (4, 5) count 5 times
+    cells = torch.ones(2, 8, 4, 4)
+    cells[:, 4] = 5.0
+    added = loss(flipping, 1.0, every, cells) - loss(flipping, 0.0, every, cells)
+    assert added == pytest.approx((5 + 2 * 5) / 7 * (2 * a) ** 2, rel=1e-4)
+    with pytest.raises(ValueError, match="temporal-weight"):
+        check_config(TransformerTrainConfig(**base, temporal_weight=-1.0))
+
+
 def test_oversize_swap_noises_only_the_forced_samples_and_keeps_the_target():
     """``forced_swap`` swaps exactly its samples' loss chunks from ``shape_swap_sigma`` up (the
     shape swap off), an oracle of the captioned clip still has zero loss, and no forced sample

@@ -98,6 +98,12 @@ class TransformerTrainConfig:
     context_sigma_max: float = 0.1
     object_weight: float = 8.0
     """Extra loss weight on the latent cells of the object and their neighbours."""
+    temporal_weight: float = 0.0
+    """Weight of the clean estimate's error changing from one latent frame to the next: that many
+    times the mean square of ``sigma * (prediction - target)`` differenced over adjacent frames that
+    are both in the loss (weighted by the larger of the two frames' object weights). An error the
+    frames share costs nothing there; an object that steps back or changes shape between latent
+    frames costs it twice, as the distillation's ``data_temporal_weight`` does (0: off)."""
     shape_contrast: float = 0.0
     """Extra loss weight on the latent values that tell the object's shape from another shape on
     the same trajectory (the clip is redrawn with another shape and encoded too; 0: off). Shape

@@ -525,12 +525,24 @@ def diffusion_forcing_loss(
             term = term * guidance_where[:, None].to(term.dtype)
         target = target + term
     pred = model(noisy, timestep, text, attention_pattern=pattern, return_dict=False)[0]
-    err = (pred.float() - target).square()  # (B, C, F, h, w)
+    diff = pred.float() - target  # (B, C, F, h, w)
+    err = diff.square()
+    cells = None
     if object_weight is not None:
-        err = err * (object_weight[:, None] if object_weight.ndim == 4 else object_weight)
+        cells = object_weight[:, None] if object_weight.ndim == 4 else object_weight
+        err = err * cells
     err = err.mean(dim=(1, 3, 4))  # (B, F)
     weight = loss_chunks.repeat_interleave(c, dim=1).float()
-    return (err * weight).sum() / weight.sum().clamp(min=1)
+    loss = (err * weight).sum() / weight.sum().clamp(min=1)
+    if config.temporal_weight > 0 and frames > 1:
+        # the clean estimate's error (noisy - s * pred against the clip) changing between frames
+        jitter = (s * diff).diff(dim=2).square()  # (B, C, F - 1, h, w)
+        if cells is not None:
+            jitter = jitter * torch.maximum(cells[:, :, 1:], cells[:, :, :-1])
+        pairs = weight[:, 1:] * weight[:, :-1]  # both frames in the loss
+        jitter = jitter.mean(dim=(1, 3, 4))  # (B, F - 1)
+        loss = loss + config.temporal_weight * (jitter * pairs).sum() / pairs.sum().clamp(min=1)
+    return loss
 
 
 @torch.no_grad()
@@ -727,7 +739,7 @@ def check_config(config: TransformerTrainConfig) -> None:
             "--direction-pairs (pairs per step) and --direction-pair-weight are 0 or more, got "
             f"{config.direction_pairs} and {config.direction_pair_weight}"
         )
-    for name in ("shape_contrast", "direction_contrast"):
+    for name in ("shape_contrast", "direction_contrast", "temporal_weight"):
         if getattr(config, name) < 0:
             raise ValueError(
                 f"--{name.replace('_', '-')} is an extra weight: 0 or more, got {getattr(config, name)}"
