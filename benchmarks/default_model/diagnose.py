@@ -253,7 +253,8 @@ def windows(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0) -> No
     total = motion = reversal = 0
     ratios: list[float] = []
     bad: dict[tuple[str, str], int] = {}
-    flicker = at_group_end = groups_turn = 0
+    flicker = at_group_end = at_chunk_end = groups_turn = 0
+    chunk = pipe.config.generation.chunk_frames
     bad_count = 0
     path = boundary_path = 0.0
     way = dict.fromkeys(
@@ -281,6 +282,8 @@ def windows(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0) -> No
                 near = shapes_drawn[max(0, r.span[0] - 3) : r.span[1] + 4]
                 flicker += len({s for s in near if s is not None}) > 1
                 at_group_end += r.frame % 4 == 0
+                # the group of latent frame j = frame / 4; the chunk's last when (j + 1) % chunk == 0
+                at_chunk_end += r.frame % 4 == 0 and (r.frame // 4 + 1) % chunk == 0
                 groups_turn += _groups_turn(report.frames, r)
         moved, at_boundary = _path_at_latent_boundaries(report.frames)
         path += moved
@@ -310,6 +313,9 @@ def windows(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0) -> No
             f"(25 % by chance); of those, the mean positions of the groups before, at and after "
             f"the turn turning too (the latents' path, not the decoder's frames inside a group): "
             f"{groups_turn}"
+        )
+        print(
+            f"  of those at a group's last frame, at a chunk's last latent frame: {at_chunk_end} (chunks of {chunk})"
         )
 
 
