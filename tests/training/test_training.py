@@ -250,6 +250,51 @@ def test_shape_contrast_weights_the_values_that_tell_the_shapes_apart():
     assert torch.equal(shape_contrast_weight(z, z, 4.0), torch.ones_like(z))
 
 
+def test_shape_contrast_per_sample_gives_a_small_shape_the_extra_weight_of_a_large_one():
+    """``per_sample_cap``: each sample's ``|z - z'|`` scaled to the batch's mean amount (within the
+    cap), so one telling value (a small object) gets as much extra weight in all as 24 (a large
+    one); a sample whose versions are equal keeps one weight throughout."""
+    from vidgen.training.transformer import shape_contrast_weight
+
+    z = torch.zeros(3, 2, 3, 4, 4)
+    other = z.clone()
+    other[0, 1, 2, 1, 1] = 2.0  # small: one value
+    other[1, :, :, 1:3, 1:3] = 2.0  # large: 24 values
+    ones = torch.ones(3)
+
+    def extra(weight):  # per sample: the weight above the base one, in all
+        base = weight[2, 0, 0, 0, 0]
+        return (weight / base - ones.view(-1, 1, 1, 1, 1)).flatten(1).sum(dim=1)
+
+    plain = extra(shape_contrast_weight(z, other, 4.0))
+    assert plain[1] == pytest.approx(24 * plain[0].item(), rel=1e-5)
+    scaled = shape_contrast_weight(z, other, 4.0, per_sample_cap=100.0)
+    assert scaled.mean().item() == pytest.approx(1.0)
+    assert extra(scaled)[0] == pytest.approx(extra(scaled)[1].item(), rel=1e-5)
+    assert torch.all(scaled[2] == scaled[2, 0, 0, 0, 0])
+    # the cap: the small sample scaled up by 2 at most, the large one down by 2 at most
+    capped = extra(shape_contrast_weight(z, other, 4.0, per_sample_cap=2.0))
+    assert capped[1] == pytest.approx(6 * capped[0].item(), rel=1e-5)
+    with pytest.raises(ValueError, match="shape-contrast-per-sample"):
+        check_config(TransformerTrainConfig(**TINY_DIT, shape_contrast_per_sample=0.5))
+
+
+def test_training_passes_the_per_sample_cap_to_the_shape_contrast(autoencoder, tmp_path, monkeypatch):
+    import vidgen.training.transformer as trainer
+
+    caps, real = [], trainer.shape_contrast_weight
+
+    def recording(latents, other, strength, per_sample_cap=0.0):
+        caps.append((strength, per_sample_cap))
+        return real(latents, other, strength, per_sample_cap)
+
+    monkeypatch.setattr(trainer, "shape_contrast_weight", recording)
+    _train_recording_swaps(
+        autoencoder, tmp_path, monkeypatch, shape_contrast=4.0, shape_contrast_per_sample=8.0
+    )
+    assert caps == [(4.0, 8.0)] * 6
+
+
 def test_temporal_weight_costs_the_clean_estimate_error_that_changes_between_frames():
     """``temporal_weight``: a model whose clean estimate is off by the same amount in every frame
     pays nothing more; one whose error flips sign from frame to frame pays the weight times

@@ -108,6 +108,11 @@ class TransformerTrainConfig:
     """Extra loss weight on the latent values that tell the object's shape from another shape on
     the same trajectory (the clip is redrawn with another shape and encoded too; 0: off). Shape
     is a few values of one or two tokens; this makes those values, not the whole object, count."""
+    shape_contrast_per_sample: float = 0.0
+    """With ``shape_contrast``: scale each sample's ``|z - z'|`` to the batch's mean per-sample amount,
+    by at most this factor up or down (0: off). A small object's shape differs from another shape in
+    about 2.4 times less of ``|z - z'|`` than a large one's (measured on the training clips), so
+    without it the extra weight goes mostly to large objects' shapes."""
     shape_swap: float = 0.0
     """Share of samples whose noised chunks start from the clip redrawn with another shape (the
     shape-contrast clip) while the target stays the captioned clip: on the chunks at noise levels

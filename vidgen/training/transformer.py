@@ -610,14 +610,25 @@ def rollout_estimates(
 
 
 def shape_contrast_weight(
-    latents: torch.Tensor, other_shape_latents: torch.Tensor, strength: float
+    latents: torch.Tensor, other_shape_latents: torch.Tensor, strength: float, per_sample_cap: float = 0.0
 ) -> torch.Tensor:
     """(B, C, F, h, w) weights ``1 + strength * |z - z'|`` (capped at 3 latent stds), scaled to mean 1,
     where ``z'`` encodes the same clip with another shape (or, for ``direction_contrast``, the same
     start in another direction): large exactly on the values that carry the shape (the direction),
     so the loss cannot be lowered much while it is wrong. The mean is kept at 1 so
-    that the loss scale (and gradient clipping) stay as without it."""
-    weight = 1.0 + strength * (latents - other_shape_latents).abs().clamp(max=3.0)
+    that the loss scale (and gradient clipping) stay as without it.
+
+    ``per_sample_cap`` > 0 scales each sample's ``|z - z'|`` to the batch's mean per-sample amount
+    (by at most that factor up or down): a small object's shape is fewer, smaller latent values,
+    so without it the shapes of small objects get less of the extra weight than large ones'. A
+    sample whose two versions are the same stays at weight 1."""
+    contrast = (latents - other_shape_latents).abs().clamp(max=3.0)
+    if per_sample_cap > 0:
+        amount = contrast.flatten(1).mean(dim=1)  # (B,)
+        scale = amount.mean() / amount.clamp(min=1e-12)
+        scale = scale.clamp(min=1.0 / per_sample_cap, max=per_sample_cap)
+        contrast = contrast * scale.view(-1, *([1] * (contrast.dim() - 1)))
+    weight = 1.0 + strength * contrast
     return weight / weight.mean()
 
 
@@ -744,6 +755,11 @@ def check_config(config: TransformerTrainConfig) -> None:
             raise ValueError(
                 f"--{name.replace('_', '-')} is an extra weight: 0 or more, got {getattr(config, name)}"
             )
+    if config.shape_contrast_per_sample and config.shape_contrast_per_sample < 1:
+        raise ValueError(
+            "--shape-contrast-per-sample is the most a sample's contrast is scaled by: 0 (off) or at least 1, "
+            f"got {config.shape_contrast_per_sample}"
+        )
     for name in (
         "oversize_swap",
         "lag_swap",
@@ -858,7 +874,9 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
             if config.object_weight > 0:
                 object_weight = latent_object_weight(masks, temporal, spatial, config.object_weight)
             if config.shape_contrast > 0 and other_shape_latents is not None:
-                contrast = shape_contrast_weight(latents, other_shape_latents, config.shape_contrast)
+                contrast = shape_contrast_weight(
+                    latents, other_shape_latents, config.shape_contrast, config.shape_contrast_per_sample
+                )
                 object_weight = contrast if object_weight is None else contrast * object_weight[:, None]
             if turning:  # a sample without the other direction's clip has nothing to tell apart
                 other_direction = latents.clone()
