@@ -260,11 +260,9 @@ def test_shape_contrast_per_sample_gives_a_small_shape_the_extra_weight_of_a_lar
     other = z.clone()
     other[0, 1, 2, 1, 1] = 2.0  # small: one value
     other[1, :, :, 1:3, 1:3] = 2.0  # large: 24 values
-    ones = torch.ones(3)
 
     def extra(weight):  # per sample: the weight above the base one, in all
-        base = weight[2, 0, 0, 0, 0]
-        return (weight / base - ones.view(-1, 1, 1, 1, 1)).flatten(1).sum(dim=1)
+        return (weight / weight[2, 0, 0, 0, 0] - 1.0).flatten(1).sum(dim=1)
 
     plain = extra(shape_contrast_weight(z, other, 4.0))
     assert plain[1] == pytest.approx(24 * plain[0].item(), rel=1e-5)

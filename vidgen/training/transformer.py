@@ -621,7 +621,7 @@ def shape_contrast_weight(
     ``per_sample_cap`` > 0 scales each sample's ``|z - z'|`` to the batch's mean per-sample amount
     (by at most that factor up or down): a small object's shape is fewer, smaller latent values,
     so without it the shapes of small objects get less of the extra weight than large ones'. A
-    sample whose two versions are the same stays at weight 1."""
+    sample whose two versions are the same gets no extra weight (one weight throughout)."""
     contrast = (latents - other_shape_latents).abs().clamp(max=3.0)
     if per_sample_cap > 0:
         amount = contrast.flatten(1).mean(dim=1)  # (B,)
