@@ -10,8 +10,6 @@ only a failure of generation itself raises ``gr.Error`` (and is logged).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import threading
 from collections.abc import Iterator
@@ -25,6 +23,7 @@ from vidgen.request import GenerationRequest
 from vidgen.ui.files import ServerFiles
 from vidgen.ui.form import Form, FormError, build_request
 from vidgen.ui.live import ACTION_NAMES, LiveStats, LiveUpdate, Turns, live_stream, stop_session
+from vidgen.ui.memory import trim_heap
 from vidgen.validation import InputError
 from vidgen.video import Upscale
 from vidgen.video.naming import video_file_name
@@ -82,26 +81,6 @@ def describe(stats: LiveStats, update: LiveUpdate | None = None, seed: int | Non
     if seed is not None:
         text += f" - seed {seed}"
     return text
-
-
-_LIBC: ctypes.CDLL | None | bool = False  # False: not looked up yet
-
-
-def trim_heap() -> bool:
-    """Hands the C heap's free memory back to the system (glibc's ``malloc_trim``); whether it did.
-
-    A chunk's tensors and encoder buffers are freed when its video ends, but glibc keeps freed
-    memory in each thread's arena for reuse, and the page's worker threads spread a video over
-    many arenas: without this the server's memory stays at its highest (measured in the README).
-    A no-op on a C library without ``malloc_trim``."""
-    global _LIBC
-    if _LIBC is False:
-        try:
-            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _LIBC.malloc_trim  # noqa: B018 - absent outside glibc
-        except (OSError, AttributeError):
-            _LIBC = None
-    return bool(_LIBC is not None and _LIBC.malloc_trim(0))
 
 
 class LiveHandlers:
