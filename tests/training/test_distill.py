@@ -5,6 +5,7 @@ to the teacher's many, runs resume exactly, and ``vidgen train distill`` writes 
 import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -16,6 +17,7 @@ from vidgen.pipelines.pipeline import _chunk_generator
 from vidgen.shapes.evaluate import evaluate_video
 from vidgen.shapes.prompts import parse_prompt
 from vidgen.training.configs import DistillTrainConfig
+from vidgen.training.data import clips_to_tensor
 from vidgen.training.distill import Distiller, load_teacher, train_distill
 from vidgen.training.rollout import conditioning, dmd_loss, flow_matching_loss, sample_sigmas
 
@@ -497,3 +499,86 @@ def test_bf16_autocast_steps(teacher_folder, tmp_path):
     pool, prompts = distiller.ode_pool()
     assert pool["levels"].dtype == torch.bfloat16
     assert torch.isfinite(distiller.ode_step(0, pool, prompts)["loss"])
+
+
+def test_correction_term_regresses_the_worlds_continuation_of_the_students_rollout(teacher_folder, tmp_path):
+    """``correction_weight``: the student rolls out 1..``correction_chunks`` chunks of a caption; the
+    target chunk is the autoencoder's code of the world's continuation of the decoded rollout; the
+    loss predicted against the rollout's cache is the whole-video flow-matching loss with the
+    rollout as clean context; a generator update's gradient is DMD's plus the weight times this
+    term's."""
+    common = dict(stage="self-forcing", sampler="euler", generator_every=1, exit_step="last")
+
+    def distiller_for(weight: float, **more) -> Distiller:
+        config = _config(
+            tmp_path / f"c{weight}",
+            teacher_folder,
+            correction_weight=weight,
+            correction_chunks=3,
+            **common,
+            **more,
+        )
+        return Distiller(config, _teacher(teacher_folder))
+
+    held = distiller_for(2.0)
+    f = held.correction_rollout.chunk_frames
+    seen = set()
+    for step in range(6):
+        batch = held.correction_batch(step)
+        k = batch["context_chunks"]
+        seen.add(k)
+        assert 1 <= k <= 3
+        assert batch["video"].shape == (2, 4, k * f, *held.latent_hw)
+        assert batch["frames"].shape == (2, 1 + 4 * (k * f - 1), 32, 32, 3)
+        # groups of four frames are coded independently (AutoencoderKLLite): the target is the
+        # continuation's own code
+        found = [c for c in batch["continuations"] if c is not None]
+        assert len(found) == int(batch["valid"].sum()) > 0
+        own = [np.concatenate([c.clip.frames[:1], c.clip.frames]) for c in found]
+        with torch.no_grad():
+            code = held.vae.encode(clips_to_tensor(own)).latent_dist.mode().float()
+        code = ((code - held.latent_mean) / held.latent_std)[:, :, 1:]
+        torch.testing.assert_close(batch["target"][batch["valid"]], code, atol=1e-4, rtol=1e-4)
+        # against the cache == the whole video (rollout clean, then the noised target) in one forward
+        gen = torch.Generator().manual_seed(step)
+        sigma = torch.rand(2, 1, generator=gen).repeat(1, f) * 0.9 + 0.05
+        noise = torch.randn(batch["target"].shape, generator=gen)
+        with torch.no_grad():
+            cached = held.correction_prediction_loss(batch, sigma, noise)
+            whole = flow_matching_loss(
+                held.student,
+                torch.cat([batch["video"], batch["target"]], dim=2),
+                held.embed(batch["texts"]),
+                torch.cat([torch.zeros(2, k * f), sigma], dim=1),
+                torch.cat([torch.zeros_like(batch["video"]), noise], dim=2),
+                held.pattern,
+                weight=torch.cat(
+                    [
+                        torch.zeros(2, k * f, *held.latent_hw),
+                        batch["valid"].float()[:, None, None, None].expand(2, f, *held.latent_hw),
+                    ],
+                    dim=1,
+                ),
+            )
+        torch.testing.assert_close(cached, whole, atol=1e-5, rtol=1e-4)
+    assert len(seen) > 1  # the context length varies
+
+    def student_grad(distiller: Distiller, loss: torch.Tensor) -> torch.Tensor:
+        distiller.student.zero_grad(set_to_none=True)
+        loss.backward()
+        return torch.cat([p.grad.flatten() for p in distiller.student.parameters()])
+
+    plain = distiller_for(0.0)
+    dmd = student_grad(plain, plain.self_forcing_step(0)["loss"])
+    held = distiller_for(2.0)
+    both = student_grad(held, held.self_forcing_step(0)["loss"])
+    alone = student_grad(held, held.correction_loss(0))
+    assert alone.abs().max() > 1e-3
+    torch.testing.assert_close(both, dmd + 2.0 * alone, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="--prompts"):
+        prompts = tmp_path / "prompts.txt"
+        prompts.write_text(PROMPT + "\n")
+        distiller_for(1.0, prompts=str(prompts))
+    for bad in (dict(correction_weight=-1.0), dict(correction_chunks=0)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            _config(tmp_path, teacher_folder, **bad)

@@ -374,6 +374,19 @@ class DistillTrainConfig:
     ``vidgen train transformer --shape-swap`` trains the many-step model; 0: none)."""
     data_shape_swap_sigma: float = 0.5
     """The noise level from which ``data_shape_swap`` applies."""
+    correction_weight: float = 0.0
+    """Self-forcing: weight of the corrected-continuation term, added to every generator update. The
+    student rolls out 1 to ``correction_chunks`` chunks of a Shapes World caption as the pipeline
+    does (no gradient); the rollout is decoded and measured as the evaluator measures it, and the
+    next chunk's target is the world's own continuation of it (:func:`vidgen.shapes.correction.
+    continuation`: the caption's object from where the rollout left it, at the caption's speed and
+    heading, bounced where the rollout reached a wall). The student's flow-matching loss on that
+    chunk, against the cache of its own rollout, teaches it to return to the caption from its own
+    errors, where ``data_weight`` shows it only clean clips (0: none; needs Shapes World captions,
+    so no ``prompts`` file)."""
+    correction_chunks: int = 8
+    """The most chunks a ``correction_weight`` rollout makes before the chunk it corrects (each
+    generator update draws 1 to this many, so bounces off the walls come into it)."""
     dmd_sigma_min: float = 0.02
     dmd_sigma_max: float = 0.98
     """Range of the (shifted) noise levels at which the score models judge a rollout."""
@@ -426,6 +439,10 @@ class DistillTrainConfig:
             raise ValueError(f"regression_weight must be >= 0, got {self.regression_weight}")
         if self.data_weight < 0:
             raise ValueError(f"data_weight must be >= 0, got {self.data_weight}")
+        if self.correction_weight < 0:
+            raise ValueError(f"correction_weight must be >= 0, got {self.correction_weight}")
+        if self.correction_chunks < 1:
+            raise ValueError(f"correction_chunks must be >= 1, got {self.correction_chunks}")
         if self.data_object_weight < 0:
             raise ValueError(f"data_object_weight must be >= 0, got {self.data_object_weight}")
         if self.data_temporal_weight < 0:

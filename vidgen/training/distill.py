@@ -45,8 +45,9 @@ from torch import nn
 from vidgen.config import VidgenConfig
 from vidgen.models import CausalWanTransformer
 from vidgen.pipelines import loading
-from vidgen.pipelines.scheduler import FlowSchedule
+from vidgen.pipelines.scheduler import FlowSchedule, add_noise
 from vidgen.shapes import captions, world
+from vidgen.shapes.correction import continuation
 from vidgen.shapes.prompts import parse_prompt
 from vidgen.shapes.world import Clip
 from vidgen.training.checkpoint import as_float, load_transformer
@@ -207,15 +208,19 @@ class Distiller:
         self.chunk_shape = (self.real.config.in_channels, g.chunk_frames, *self.latent_hw)
         self.pattern = score_pattern(self.real, self.teacher.config, self.latent_hw, config.teacher_attention)
         self.vae = None
-        if config.data_weight > 0:
+        # the correction term's rollouts have a cache of their own: the generator's rollout keeps
+        # its graph into the main one until the update's backward
+        self.correction_rollout = Rollout(
+            self.pipe_config, self.latent_hw, self.student_schedule, autocast=self.autocast
+        )
+        if config.data_weight > 0 or config.correction_weight > 0:
+            term = "data_weight" if config.data_weight > 0 else "correction_weight"
             if config.prompts:
                 raise DistillSetupError(
-                    "data_weight renders Shapes World clips with their own captions: leave out --prompts"
+                    f"{term} renders Shapes World clips with their own captions: leave out --prompts"
                 )
             if g.height != g.width:
-                raise DistillSetupError(
-                    f"data_weight renders square Shapes World clips, not {g.height}x{g.width}"
-                )
+                raise DistillSetupError(f"{term} renders square Shapes World clips, not {g.height}x{g.width}")
             self.vae = loading.load_vae(self.teacher.folder, self.pipe_config)
             self.vae = self.vae.to(self.device).float().eval().requires_grad_(False)
             self.latent_mean, self.latent_std = (t.to(self.device) for t in latent_stats(self.vae))
@@ -434,6 +439,93 @@ class Distiller:
             c.data_temporal_weight,
         )
 
+    # ---------------------------------------------------------------- correction term
+    def decode_frames(self, video: torch.Tensor) -> np.ndarray:
+        """Normalised latents (B, C, F, h, w) decoded whole: (B, T, S, S, 3) uint8 frames."""
+        assert self.vae is not None, "no autoencoder loaded"
+        with torch.no_grad():
+            z = video.float() * self.latent_std + self.latent_mean
+            pixels = self.vae.decode(z).sample.float()  # (B, 3, T, S, S) in [-1, 1]
+        uint8 = ((pixels.permute(0, 2, 3, 4, 1) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
+        return uint8.cpu().numpy()
+
+    def correction_batch(self, step: int) -> dict:
+        """The student's rollout of ``1..correction_chunks`` chunks of Shapes World captions (as the
+        pipeline makes them, no gradient; the cache holds all of them after) and the world's
+        continuation of each as the next chunk's latents.
+
+        Returns ``texts``, ``context_chunks``, ``conditioning`` (with the text projection's graph),
+        ``target`` (B, C, chunk_frames, h, w) normalised, ``valid`` (B,) bool (False where the
+        rollout's last frames show no object: nothing to continue), the rollout's latents ``video``
+        (B, C, F, h, w) and decoded ``frames`` (B, T, S, S, 3), and the ``continuations``."""
+        c = self.config
+        rng = np.random.default_rng([c.seed, step, 17])
+        context_chunks = int(rng.integers(1, c.correction_chunks + 1))
+        scenes = [world.sample_scene(rng) for _ in range(c.batch_size)]
+        texts = [captions.caption(scene, rng, paraphrase=True) for scene in scenes]
+        generator = torch.Generator().manual_seed(c.seed * 1_000_003 + step + 17)
+        noises = [
+            torch.randn((c.batch_size, *self.chunk_shape), generator=generator).to(self.device)
+            for _ in range(context_chunks)
+        ]
+        cond = conditioning(self.student, self.embed(texts))
+        with torch.no_grad():
+            video, _ = self.correction_rollout.run(self.student, cond, noises, write_last=True)
+        frames = self.decode_frames(video)
+        chunk_video_frames = self.temporal * self.correction_rollout.chunk_frames
+        continued, videos = [], []
+        for shown, text, scene in zip(frames, texts, scenes, strict=True):
+            found = continuation(shown, parse_prompt(text), scene, chunk_video_frames)
+            continued.append(found)
+            # (a rollout with nothing to continue holds its last frame: it leaves the loss)
+            following = (
+                found.clip.frames if found is not None else np.repeat(shown[-1:], chunk_video_frames, axis=0)
+            )
+            videos.append(np.concatenate([shown, following]))
+        # the rollout's own frames lead in: a causal autoencoder codes a chunk from what came before
+        with torch.no_grad():
+            latents = self.vae.encode(clips_to_tensor(videos, self.device)).latent_dist.mode().float()
+        latents = (latents - self.latent_mean) / self.latent_std
+        target = latents[:, :, -self.correction_rollout.chunk_frames :]
+        return {
+            "texts": texts,
+            "context_chunks": context_chunks,
+            "conditioning": cond,
+            "target": target,
+            "valid": torch.tensor([found is not None for found in continued], device=self.device),
+            "video": video,
+            "frames": frames,
+            "continuations": continued,
+        }
+
+    def correction_loss(self, step: int) -> torch.Tensor:
+        """The student's flow-matching loss on the world's continuation of its own rollout
+        (``correction_batch``), the chunk noised to a level drawn as the data term draws them."""
+        c = self.config
+        batch = self.correction_batch(step)
+        target = batch["target"]
+        generator = torch.Generator().manual_seed(c.seed * 1_000_003 + step + 19)
+        f = self.correction_rollout.chunk_frames
+        sigma = sample_sigmas(len(target), 1, f, c, self.shift, generator).to(self.device)  # (B, f)
+        noise = torch.randn(target.shape, generator=generator).to(self.device)
+        return self.correction_prediction_loss(batch, sigma, noise)
+
+    def correction_prediction_loss(
+        self, batch: dict, sigma: torch.Tensor, noise: torch.Tensor
+    ) -> torch.Tensor:
+        """The velocity regression on ``batch``'s target chunk noised by ``noise`` to ``sigma`` (B, f),
+        predicted against the cache its rollout left, as the pipeline would predict the next chunk;
+        the mean over the samples with a continuation."""
+        target, valid = batch["target"], batch["valid"]
+        cache = self.correction_rollout.last_cache
+        assert cache is not None, "correction_batch first"
+        noisy = add_noise(target, noise, sigma[:, None, :, None, None])
+        denoiser = self.correction_rollout.denoiser(self.student)
+        offset = batch["context_chunks"] * self.correction_rollout.chunk_frames
+        v = denoiser.predict(noisy, sigma, batch["conditioning"], reading_view(cache), offset)
+        err = (v - (noise - target)).square().mean(dim=(1, 2, 3, 4))  # (B,)
+        return (err * valid).sum() / valid.sum().clamp(min=1)
+
     # ---------------------------------------------------------------- self-forcing stage
     def exit_steps(self, rng: np.random.Generator) -> list[int]:
         c = self.config
@@ -499,6 +591,9 @@ class Distiller:
             if c.data_weight > 0:
                 out["data_loss"] = self.data_loss(step)
                 loss = loss + c.data_weight * out["data_loss"]
+            if c.correction_weight > 0:
+                out["correction_loss"] = self.correction_loss(step)
+                loss = loss + c.correction_weight * out["correction_loss"]
         sigma = sample_sigmas(batch, c.rollout_chunks, chunk_frames, c, self.shift, generator)
         noise = torch.randn(video.shape, generator=generator).to(self.device)
         out["critic_loss"] = flow_matching_loss(

@@ -44,6 +44,8 @@ class Rollout:
         self.chunk_frames = g.chunk_frames
         self.autocast = autocast
         self._caches: dict[tuple, KVCache] = {}
+        self.last_cache: KVCache | None = None
+        """The cache of the latest ``run``, as it left it."""
 
     def denoiser(self, model: CausalWanTransformer) -> ChunkDenoiser:
         g = self.config.generation
@@ -84,12 +86,15 @@ class Rollout:
         step_generators: Sequence[torch.Generator | None] | None = None,
         write_generators: Sequence[torch.Generator | None] | None = None,
         record: Sequence[int] = (),
+        write_last: bool = False,
     ) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
         """Make ``len(noises)`` chunks from their noise (B, C, chunk_frames, h, w).
 
         ``exits[i]``: the step at which chunk i stops, its output being the clean estimate there
         (None: every chunk runs all steps, as the pipeline does); with ``grad`` that step keeps its
         graph. ``record``: step indices whose input latents are returned, per chunk.
+        ``write_last``: write the last chunk to the cache too, as the pipeline does before the next
+        chunk (``last_cache`` then holds the whole rollout as context for one).
         Returns the video (B, C, F, h, w) and the recorded latents.
         """
         schedule = self.schedule
@@ -98,6 +103,7 @@ class Rollout:
         denoiser = self.denoiser(model)
         batch = noises[0].shape[0]
         cache = self.cache(model, batch * (2 if conditioning.guided else 1))
+        self.last_cache = cache
         # a fresh copy of chunk i's write generator for each time its frames are written again
         write_states = [g.get_state() if g is not None else None for g in write_generators or []]
         held: dict[int, torch.Tensor] = {}  # latent frame -> clean latents, the frames the cache holds
@@ -125,7 +131,7 @@ class Rollout:
                         x = schedule.step(x, velocity, index, generator)
             outputs.append(x)
             recorded.append(levels)
-            if i + 1 < len(noises):  # nothing reads the last chunk's context
+            if write_last or i + 1 < len(noises):  # otherwise nothing reads the last chunk's context
                 written = self._write_context(
                     denoiser, x.detach(), conditioning, cache, offset, held, written, write_states
                 )

@@ -1,0 +1,150 @@
+"""The world's own continuation of a generated video: what Shapes World would show next.
+
+A generated video drifts from what its prompt asked for: the object slows, turns away from a wall,
+changes shape. Given what a generated video shows so far (measured as the evaluator measures it)
+and the prompt, :func:`continuation` renders the next frames as the world would: the prompt's
+object, from where the video left it, at the prompt's speed, heading the way the prompt sends it
+(reversed on each axis where the video's object reached a wall), with the prompt's shape, colour
+and size (for a size or direction the prompt leaves open, the one the video shows). Training a
+model on its own rollouts with these frames as the target (``vidgen train distill
+--correction-weight``) teaches it to return to the prompt from its own errors rather than carry
+them on. Pure numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vidgen.shapes.measure import FrameMeasurements, measure_frames
+from vidgen.shapes.motion import bounce_zones, displacements, named_signs
+from vidgen.shapes.prompts import PromptSpec
+from vidgen.shapes.world import DEFAULT_SPEED, DIRECTIONS, SIZES, SPEEDS, Clip, Scene, render_clip, shape_area
+
+TAIL = 4
+"""The last frames of the video searched for the object (its last sighting is where it continues)."""
+CLEAR = 0.35
+"""A displacement on an axis counts as motion from this fraction of the speed on (a measured
+centroid wobbles by a fraction of a pixel on an axis the object does not move along)."""
+HEADING_FRAMES = 4
+"""The last displacements searched for the video's own heading, for a prompt that names no direction."""
+
+
+@dataclass
+class Continuation:
+    """The world's next frames after a generated video."""
+
+    clip: Clip
+    """The continuation's frames, masks, centres and velocities (its frame 0 follows the video's
+    last frame by one frame's step)."""
+    scene: Scene
+    """What it shows: the prompt's object, heading where it continues."""
+    start: tuple[float, float]
+    """The bounding-box centre ``(x, y)`` the object continues from, at the video's last frame."""
+
+
+def _direction_of(signs: tuple[int, int]) -> str:
+    for name, (x, y) in DIRECTIONS.items():
+        if (int(np.sign(x)), int(np.sign(y))) == signs:
+            return name
+    raise ValueError(f"no direction has signs {signs}")
+
+
+def heading(spec: PromptSpec, m: FrameMeasurements, fallback: str) -> str:
+    """The direction the object should be heading after the video's last frame.
+
+    A named direction is followed from the start and reversed on an axis each time the video's
+    object turns back (by ``CLEAR`` of the speed) inside rule 8's bounce zone of the wall it was
+    heading for: the bounces the world would have made on the path the video drew. (An object
+    that stays pressed against a wall turns in the continuation's first step, as the world
+    bounces it.) A prompt that names
+    no direction continues the video's own heading over its last frames (``fallback`` when the
+    object hardly moves there)."""
+    steps = displacements(m.centroid)
+    clear = CLEAR * SPEEDS[spec.speed or DEFAULT_SPEED]
+    if spec.direction is None:
+        # per axis, the sign of the newest clear displacement (a bounce shows there first)
+        signs = []
+        for axis in (0, 1):
+            moved = [d for d in steps[::-1][:HEADING_FRAMES, axis] if abs(d) >= clear]
+            signs.append(int(np.sign(moved[0])) if moved else 0)
+        return fallback if signs == [0, 0] else _direction_of((signs[0], signs[1]))
+    signs = list(named_signs(spec.direction))
+    zones = bounce_zones(m.centroid, m.extent)
+    for t in range(1, len(m)):
+        if not (m.has_object[t] and m.has_object[t - 1]):
+            continue
+        for axis in (0, 1):
+            sign = signs[axis]
+            # the frame before counts too: a measured centroid moves in uneven pixel steps
+            if sign == 0 or not (zones[sign][t, axis] or zones[sign][t - 1, axis]):
+                continue
+            if steps[t, axis] * sign <= -clear:
+                signs[axis] = -sign
+    return _direction_of((signs[0], signs[1]))
+
+
+def _size_shown(shape: str, areas: np.ndarray) -> str:
+    """The size whose area for ``shape`` is nearest (in ratio) the median of ``areas``."""
+    area = float(np.median(areas))
+    return min(SIZES, key=lambda s: abs(np.log(area / shape_area(shape, SIZES[s]))))
+
+
+def continuation(
+    frames: np.ndarray,
+    spec: PromptSpec,
+    scene: Scene,
+    num_frames: int,
+    *,
+    measurements: FrameMeasurements | None = None,
+) -> Continuation | None:
+    """The world's next ``num_frames`` frames after ``frames`` (T, S, S, 3) uint8, a generated video
+    of the prompt ``spec``; None when its last ``TAIL`` frames show no object.
+
+    ``scene`` fills in what the prompt leaves open and the video cannot tell (the shape of a
+    prompt that names none; the direction of an object that hardly moves): the scene the prompt
+    was written from, in training. The object continues from its last sighting's mask centroid (a
+    triangle's box sits above its centroid by a sixth of its side), so the centroid the evaluator
+    follows does not jump where the shape is corrected."""
+    m = measurements if measurements is not None else measure_frames(frames)
+    seen = np.flatnonzero(m.has_object[-TAIL:])
+    if len(seen) == 0:
+        return None
+    last = len(m) - TAIL + int(seen[-1]) if len(m) >= TAIL else int(seen[-1])
+    shape = spec.shape or scene.shape
+    tail = m.area[-TAIL:][m.has_object[-TAIL:]]
+    size = spec.size or _size_shown(shape, tail)
+    speed = spec.speed or DEFAULT_SPEED
+    direction = heading(spec, m, scene.direction)
+    target = Scene(
+        background=spec.background,
+        color=spec.color,
+        shape=shape,
+        size=size,
+        speed=speed,
+        direction=direction,
+    )
+    half = target.side / 2
+    x, y = (float(v) for v in m.centroid[last])
+    if shape == "triangle":
+        y -= target.side / 6
+    # where the world puts it at the video's last frame: a sighting a frame or two earlier moves on
+    vx, vy = target.velocity
+    x, y = x + vx * (len(m) - 1 - last), y + vy * (len(m) - 1 - last)
+    start = (float(np.clip(x, half, 1 - half)), float(np.clip(y, half, 1 - half)))
+    clip = render_clip(target, num_frames + 1, size=m.size, start=start)
+    return Continuation(clip=_drop_first(clip), scene=target, start=start)
+
+
+def _drop_first(clip: Clip) -> Clip:
+    return Clip(
+        frames=clip.frames[1:],
+        centers=clip.centers[1:],
+        velocity=clip.velocity[1:],
+        masks=clip.masks[1:],
+        scene_index=clip.scene_index[1:],
+        scenes=clip.scenes,
+        starts=clip.starts,
+        fps=clip.fps,
+    )
