@@ -52,23 +52,56 @@ def test_a_stalled_object_sets_off_the_way_the_prompt_names():
     np.testing.assert_allclose(steps, np.tile(scene.velocity, (7, 1)), atol=1e-9)
 
 
-def test_a_turn_away_from_the_walls_is_not_followed_but_a_bounce_is():
+def _along(scene: Scene, x: np.ndarray, y: float = 0.5):
+    """``scene``'s object drawn at ``x`` (one per frame) on the row ``y``."""
+    path = np.stack([x, np.full(len(x), y)], axis=1)
+    return retrace(render_clip(scene, len(x), size=SIZE, start=(0.5, 0.5)), path)
+
+
+def test_the_way_it_moves_is_kept_and_a_stall_sets_off_the_way_named():
+    """A turn away from the walls has happened: turning back again would be a second reversal, so
+    the object goes on the way it moves. Stalled after that turn, it sets off the way the prompt
+    names (the turn was no bounce)."""
     scene = Scene("white", "blue", "circle", "small", "slow", "right")
-    # right for 12 frames from the middle, then back left: a reversal nowhere near a wall
-    x = np.concatenate([0.5 + 0.01 * np.arange(12), 0.61 - 0.01 * np.arange(1, 13)])
-    turned = retrace(render_clip(scene, 24, size=SIZE, start=(0.5, 0.5)), np.stack([x, np.full(24, 0.5)], 1))
-    found = continuation(turned.frames, _spec(scene), scene, 4)
+    turned = np.concatenate([0.5 + 0.01 * np.arange(12), 0.61 - 0.01 * np.arange(1, 13)])
+    found = continuation(_along(scene, turned).frames, _spec(scene), scene, 4)
+    assert found is not None and found.scene.direction == "left"
+    np.testing.assert_allclose(np.diff(found.clip.centers[:, 0]), -SPEEDS["slow"], atol=1e-9)
+    stalled = np.concatenate([turned, np.full(10, turned[-1])])
+    found = continuation(_along(scene, stalled).frames, _spec(scene), scene, 4)
     assert found is not None and found.scene.direction == "right"
-    assert np.all(np.diff(found.clip.centers[:, 0]) > 0)
-    # the same object reaching the right wall and coming back: a bounce, so it goes on left
+
+
+def test_a_bounce_is_followed_moving_or_stalled():
+    scene = Scene("white", "blue", "circle", "small", "slow", "right")
     start = 1 - SIZES["small"] / 2 - 0.1
     bounced = render_clip(scene, 24, size=SIZE, start=(start, 0.5))
-    assert bounced.velocity[-1, 0] < 0  # it did bounce
+    assert bounced.velocity[-1, 0] < 0  # it did bounce, at frame 10
     found = continuation(bounced.frames, _spec(scene), scene, 4)
     assert found is not None and found.scene.direction == "left"
     np.testing.assert_allclose(
         found.clip.centers[0, 0], bounced.centers[-1, 0] - SPEEDS["slow"], atol=1 / SIZE
     )
+    # stalled after the bounce: it sets off the way the bounce sent it, not the named way
+    x = np.concatenate([bounced.centers[:, 0], np.full(10, bounced.centers[-1, 0])])
+    found = continuation(_along(scene, x).frames, _spec(scene), scene, 4)
+    assert found is not None and found.scene.direction == "left"
+    # a bounce in the last frames: the slope over them still points at the wall, the bounce wins
+    fast = scene.replace(speed="fast")
+    hit = render_clip(fast, 30, size=SIZE, start=(1 - SIZES["small"] / 2 - 0.025 * 27.5, 0.5))
+    assert hit.velocity[-2, 0] < 0 < hit.velocity[-3, 0]  # turned at the last frame but one
+    found = continuation(hit.frames, _spec(fast), fast, 4)
+    assert found is not None and found.scene.direction == "left"
+
+
+def test_an_axis_the_prompt_leaves_still_stays_still():
+    scene = Scene("black", "green", "square", "medium", "slow", "left")
+    x = 0.7 - 0.01 * np.arange(20)
+    path = np.stack([x, 0.4 + 0.004 * np.arange(20)], axis=1)  # drifting down as well
+    drifting = retrace(render_clip(scene, 20, size=SIZE, start=(0.5, 0.5)), path)
+    found = continuation(drifting.frames, _spec(scene), scene, 4)
+    assert found is not None and found.scene.direction == "left"
+    np.testing.assert_allclose(np.diff(found.clip.centers[:, 1]), 0.0, atol=1e-12)
 
 
 def test_a_wrong_shape_is_redrawn_with_the_centroid_where_it_was():
@@ -128,3 +161,13 @@ def test_an_object_lost_in_the_last_frames_goes_on_from_its_last_sighting():
     np.testing.assert_allclose(found.start, clip.centers[-1], atol=0.5 / SIZE)
     frames[-4:] = 0
     assert continuation(frames, _spec(scene), scene, 4) is None  # gone for all of the last TAIL
+
+
+def test_without_a_named_direction_a_bounce_is_followed_too():
+    """Bounced six frames before the end, still in the bounce zone: through the V the fitted line's
+    slope is about nil, and the scene's direction (right) would be taken."""
+    scene = Scene("gray", "red", "square", "small", "slow", "right")
+    bounced = render_clip(scene, 30, size=SIZE, start=(1 - SIZES["small"] / 2 - 0.01 * 23.5, 0.5))
+    assert bounced.velocity[-6, 0] < 0 < bounced.velocity[-7, 0]
+    found = continuation(bounced.frames, _spec(scene, direction=None), scene, 4)
+    assert found is not None and found.scene.direction == "left"

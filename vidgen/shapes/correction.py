@@ -3,9 +3,10 @@
 A generated video drifts from what its prompt asked for: the object slows, turns away from a wall,
 changes shape. Given what a generated video shows so far (measured as the evaluator measures it)
 and the prompt, :func:`continuation` renders the next frames as the world would: the prompt's
-object, from where the video left it, at the prompt's speed, heading the way the prompt sends it
-(reversed on each axis where the video's object reached a wall), with the prompt's shape, colour
-and size (for a size or direction the prompt leaves open, the one the video shows). Training a
+object, from where the video left it, at the prompt's speed, with the prompt's shape, colour and
+size (for a size the prompt leaves open, the one the video shows), on the lawful path nearest the
+one the video drew (:func:`heading`: on the way it moves, or, where it stalls, the way the prompt
+names after the bounces its path made). Training a
 model on its own rollouts with these frames as the target (``vidgen train distill
 --correction-weight``) teaches it to return to the prompt from its own errors rather than carry
 them on. Pure numpy.
@@ -25,10 +26,10 @@ from vidgen.shapes.world import DEFAULT_SPEED, DIRECTIONS, SIZES, SPEEDS, Clip, 
 TAIL = 4
 """The last frames of the video searched for the object (its last sighting is where it continues)."""
 CLEAR = 0.35
-"""A displacement on an axis counts as motion from this fraction of the speed on (a measured
-centroid wobbles by a fraction of a pixel on an axis the object does not move along)."""
-HEADING_FRAMES = 4
-"""The last displacements searched for the video's own heading, for a prompt that names no direction."""
+"""An axis counts as moving from this fraction of the speed on (a measured centroid wobbles by a
+fraction of a pixel on an axis the object does not move along)."""
+FIT_FRAMES = 8
+"""The last frames through whose centroids the video's velocity is fitted (two latent frames)."""
 
 
 @dataclass
@@ -51,26 +52,45 @@ def _direction_of(signs: tuple[int, int]) -> str:
     raise ValueError(f"no direction has signs {signs}")
 
 
-def heading(spec: PromptSpec, m: FrameMeasurements, fallback: str) -> str:
-    """The direction the object should be heading after the video's last frame.
+def _slope(t: np.ndarray, x: np.ndarray) -> float:
+    t = t - t.mean()
+    return float((t * (x - x.mean())).sum() / (t * t).sum())
 
-    A named direction is followed from the start and reversed on an axis each time the video's
-    object turns back (by ``CLEAR`` of the speed) inside rule 8's bounce zone of the wall it was
-    heading for: the bounces the world would have made on the path the video drew. (An object
-    that stays pressed against a wall turns in the continuation's first step, as the world
-    bounces it.) A prompt that names
-    no direction continues the video's own heading over its last frames (``fallback`` when the
-    object hardly moves there)."""
+
+def moving_signs(m: FrameMeasurements, clear: float) -> list[int]:
+    """Per axis, the way the object moves at the video's end (-1, 0 or 1): the sign of the slope of
+    a line through its centroids over the last ``FIT_FRAMES`` frames, counted from at least
+    ``clear`` a frame. Where it moved ``clear`` away from a wall inside rule 8's bounce zone in the
+    last three frames, it has just bounced: it moves away from that wall (the line through the
+    bounce would still point at the wall)."""
     steps = displacements(m.centroid)
-    clear = CLEAR * SPEEDS[spec.speed or DEFAULT_SPEED]
-    if spec.direction is None:
-        # per axis, the sign of the newest clear displacement (a bounce shows there first)
-        signs = []
-        for axis in (0, 1):
-            moved = [d for d in steps[::-1][:HEADING_FRAMES, axis] if abs(d) >= clear]
-            signs.append(int(np.sign(moved[0])) if moved else 0)
-        return fallback if signs == [0, 0] else _direction_of((signs[0], signs[1]))
-    signs = list(named_signs(spec.direction))
+    zones = bounce_zones(m.centroid, m.extent)
+    frames = np.arange(len(m))
+    signs = []
+    for axis in (0, 1):
+        # near the wall at 0 moving up the axis, or near the wall at 1 moving down it
+        near = {w: zones[w][:, axis] | np.roll(zones[w][:, axis], 1) for w in (-1, 1)}
+        away = (near[-1] & (steps[:, axis] >= clear)) | (near[1] & (steps[:, axis] <= -clear))
+        away[0] = False
+        bounces = np.flatnonzero(away & m.has_object & np.roll(m.has_object, 1))
+        if len(bounces) and len(m) - bounces[-1] < 4:
+            signs.append(int(np.sign(steps[bounces[-1], axis])))
+            continue
+        seen = m.has_object & (frames >= len(m) - FIT_FRAMES)
+        if seen.sum() < 4:
+            signs.append(0)
+            continue
+        slope = _slope(frames[seen].astype(float), m.centroid[seen, axis])
+        signs.append(int(np.sign(slope)) if abs(slope) >= clear else 0)
+    return signs
+
+
+def walked_signs(direction: str, m: FrameMeasurements, clear: float) -> list[int]:
+    """The signs of ``direction`` after the bounces the video's path made: reversed on an axis each
+    time its object turns back (by ``clear`` a frame) inside rule 8's bounce zone of the wall it
+    was heading for."""
+    signs = list(named_signs(direction))
+    steps = displacements(m.centroid)
     zones = bounce_zones(m.centroid, m.extent)
     for t in range(1, len(m)):
         if not (m.has_object[t] and m.has_object[t - 1]):
@@ -82,6 +102,26 @@ def heading(spec: PromptSpec, m: FrameMeasurements, fallback: str) -> str:
                 continue
             if steps[t, axis] * sign <= -clear:
                 signs[axis] = -sign
+    return signs
+
+
+def heading(spec: PromptSpec, m: FrameMeasurements, fallback: str) -> str:
+    """The direction the object heads after the video's last frame: the lawful path nearest the one
+    the video drew, so that the continuation itself turns nowhere away from a wall.
+
+    On an axis where the object moves (:func:`moving_signs`, from ``CLEAR`` of the speed) it goes
+    on the way it moves, even against the prompt: turning it back would be a reversal away from a
+    wall (rule 8), and after the first second nothing else judges the way. On an axis where it
+    stalls it sets off the way the prompt names, with the bounces its path made
+    (:func:`walked_signs`). An axis the prompt's direction leaves still stays still. A prompt that
+    names no direction: the axes the object moves along, as it moves (``fallback`` when it
+    hardly moves at all)."""
+    clear = CLEAR * SPEEDS[spec.speed or DEFAULT_SPEED]
+    moving = moving_signs(m, clear)
+    if spec.direction is None:
+        return fallback if moving == [0, 0] else _direction_of((moving[0], moving[1]))
+    named = walked_signs(spec.direction, m, clear)
+    signs = [0 if n == 0 else (v or n) for n, v in zip(named, moving, strict=True)]
     return _direction_of((signs[0], signs[1]))
 
 
