@@ -201,18 +201,14 @@ def test_regression_term_adds_the_pools_gradient_and_holds_the_student(teacher_f
                          regression_weight=weight, **common)  # fmt: skip
         return Distiller(config, _teacher(teacher_folder))
 
-    def student_grad(distiller: Distiller, loss: torch.Tensor) -> torch.Tensor:
-        distiller.student.zero_grad(set_to_none=True)
-        loss.backward()  # the critic's loss reads a detached rollout: only DMD and the term reach here
-        return torch.cat([p.grad.flatten() for p in distiller.student.parameters()])
-
+    # (the critic's loss reads a detached rollout: only DMD and the term reach the student)
     distiller = distiller_for(0.0)
     pool, prompts = distiller.ode_pool()
-    dmd = student_grad(distiller, distiller.self_forcing_step(0, pool, prompts)["loss"])
+    dmd = _student_grad(distiller, distiller.self_forcing_step(0, pool, prompts)["loss"])
     regressed = distiller_for(2.0)
     out = regressed.self_forcing_step(0, pool, prompts)
-    both = student_grad(regressed, out["loss"])
-    alone = student_grad(regressed, regressed.pool_regression(1_000_003, pool, prompts))
+    both = _student_grad(regressed, out["loss"])
+    alone = _student_grad(regressed, regressed.pool_regression(1_000_003, pool, prompts))
     assert float(out["regression_loss"].detach()) > 0
     assert alone.abs().max() > 1e-3  # the perturbed student is off the teacher's trajectories
     assert torch.allclose(both, dmd + 2.0 * alone, atol=1e-5)
@@ -233,6 +229,13 @@ def test_regression_term_adds_the_pools_gradient_and_holds_the_student(teacher_f
         regressed.self_forcing_step(0)
     with pytest.raises(ValueError, match="regression_weight"):
         _config(tmp_path, teacher_folder, regression_weight=-1.0)
+
+
+def _student_grad(distiller: Distiller, loss: torch.Tensor) -> torch.Tensor:
+    """The gradient ``loss`` leaves on the student's parameters, flattened."""
+    distiller.student.zero_grad(set_to_none=True)
+    loss.backward()
+    return torch.cat([p.grad.flatten() for p in distiller.student.parameters()])
 
 
 def test_data_term_adds_the_clips_gradient_and_fits_them(teacher_folder, tmp_path):
@@ -272,17 +275,12 @@ def test_data_term_adds_the_clips_gradient_and_fits_them(teacher_folder, tmp_pat
         weighted = flow_matching_loss(data.student, latents, text, sigma, noise, data.pattern, weight=weight)
     assert torch.allclose(plain, flat, rtol=1e-5) and abs(float(weighted / plain) - 1) > 0.01
 
-    def student_grad(distiller: Distiller, loss: torch.Tensor) -> torch.Tensor:
-        distiller.student.zero_grad(set_to_none=True)
-        loss.backward()
-        return torch.cat([p.grad.flatten() for p in distiller.student.parameters()])
-
     plain = distiller_for(0.0)
-    dmd = student_grad(plain, plain.self_forcing_step(0)["loss"])
+    dmd = _student_grad(plain, plain.self_forcing_step(0)["loss"])
     held = distiller_for(2.0)
     out = held.self_forcing_step(0)
-    both = student_grad(held, out["loss"])
-    alone = student_grad(held, held.data_loss(0))
+    both = _student_grad(held, out["loss"])
+    alone = _student_grad(held, held.data_loss(0))
     assert alone.abs().max() > 1e-3
     assert torch.allclose(both, dmd + 2.0 * alone, atol=1e-5)
 
@@ -563,16 +561,11 @@ def test_correction_term_regresses_the_worlds_continuation_of_the_students_rollo
         torch.testing.assert_close(cached, whole, atol=1e-5, rtol=1e-4)
     assert len(seen) > 1  # the context length varies
 
-    def student_grad(distiller: Distiller, loss: torch.Tensor) -> torch.Tensor:
-        distiller.student.zero_grad(set_to_none=True)
-        loss.backward()
-        return torch.cat([p.grad.flatten() for p in distiller.student.parameters()])
-
     plain = distiller_for(0.0)
-    dmd = student_grad(plain, plain.self_forcing_step(0)["loss"])
+    dmd = _student_grad(plain, plain.self_forcing_step(0)["loss"])
     held = distiller_for(2.0)
-    both = student_grad(held, held.self_forcing_step(0)["loss"])
-    alone = student_grad(held, held.correction_loss(0))
+    both = _student_grad(held, held.self_forcing_step(0)["loss"])
+    alone = _student_grad(held, held.correction_loss(0))
     assert alone.abs().max() > 1e-3
     torch.testing.assert_close(both, dmd + 2.0 * alone, atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="--prompts"):
