@@ -383,7 +383,8 @@ class DistillTrainConfig:
     heading, bounced where the rollout reached a wall). The student's flow-matching loss on that
     chunk, against the cache of its own rollout, teaches it to return to the caption from its own
     errors, where ``data_weight`` shows it only clean clips (0: none; needs Shapes World captions,
-    so no ``prompts`` file)."""
+    so no ``prompts`` file). On the default model 1 cost 7.6 points of 1-s windows in 3,000 steps
+    (stop 39): more turns at chunk boundaries, where the target breaks from the rollout."""
     correction_chunks: int = 8
     """The most chunks a ``correction_weight`` rollout makes before the chunk it corrects (each
     generator update draws 1 to this many, so bounces off the walls come into it)."""
