@@ -46,6 +46,7 @@ from vidgen.config import VidgenConfig
 from vidgen.models import CausalWanTransformer
 from vidgen.pipelines import loading
 from vidgen.pipelines.scheduler import FlowSchedule, add_noise
+from vidgen.pipelines.vae_stream import video_to_uint8
 from vidgen.shapes import captions, world
 from vidgen.shapes.correction import continuation
 from vidgen.shapes.prompts import parse_prompt
@@ -446,8 +447,7 @@ class Distiller:
         with torch.no_grad():
             z = video.float() * self.latent_std + self.latent_mean
             pixels = self.vae.decode(z).sample.float()  # (B, 3, T, S, S) in [-1, 1]
-        uint8 = ((pixels.permute(0, 2, 3, 4, 1) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
-        return uint8.cpu().numpy()
+        return np.stack([video_to_uint8(one[None]).cpu().numpy() for one in pixels])
 
     def correction_batch(self, step: int) -> dict:
         """The student's rollout of ``1..correction_chunks`` chunks of Shapes World captions (as the
