@@ -8,6 +8,7 @@
     python benchmarks/default_model/diagnose.py failures     [--model DIR]   # why frames fail
     python benchmarks/default_model/diagnose.py shapes       [--model DIR]   # shape drawn per shape named
     python benchmarks/default_model/diagnose.py windows      [--model DIR]   # why 1-s windows fail
+    python benchmarks/default_model/diagnose.py walls        [--model DIR]   # stalls; bounces at walls
     python benchmarks/default_model/diagnose.py direction    [--model DIR]   # why rule 7 fails
     python benchmarks/default_model/diagnose.py start        [--model DIR]   # direction in the first chunk
     python benchmarks/default_model/diagnose.py attributes   [--model DIR]   # each word's hold on the estimate
@@ -31,6 +32,8 @@ from vidgen.evaluation import held_out_prompts
 from vidgen.pipelines.scheduler import FlowSchedule, timestep_of
 from vidgen.shapes import captions, world
 from vidgen.shapes.evaluate import evaluate_video
+from vidgen.shapes.measure import measure_frames
+from vidgen.shapes.motion import bounce_zones, displacements, moving_average
 from vidgen.shapes.prompts import parse_prompt
 from vidgen.shapes.world import SHAPES
 from vidgen.training.data import clip_to_tensor
@@ -316,6 +319,79 @@ def windows(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0) -> No
         )
         print(
             f"  of those at a group's last frame, at a chunk's last latent frame: {at_chunk_end} (chunks of {chunk})"
+        )
+
+
+LEAVE_FRAMES = 24
+"""``walls``: an arrival at a wall counts as a bounce when the object leaves the wall's zone within
+this many frames (a slow diagonal object crosses the zone, in and out, in about 22)."""
+
+
+def _wall_stats(frames: np.ndarray, direction: str, speed: float) -> tuple[int, int, int, int, int]:
+    """Counts over the axes ``direction`` moves along: axis-frames; of them, in a wall's bounce zone
+    (rule 8's), stalled there, stalled elsewhere; arrivals at a wall; of them, left within
+    ``LEAVE_FRAMES``. Stalled: the 5-frame mean displacement under 0.4 of the axis's share of the
+    speed (rule 6's fraction)."""
+    m = measure_frames(frames)
+    average = moving_average(displacements(m.centroid)[1:])  # centred on frames 3 .. T - 3
+    zones = bounce_zones(m.centroid, m.extent)
+    counts = np.zeros(6, dtype=int)
+    for axis in (0, 1):
+        share = abs(world.DIRECTIONS[direction][axis])
+        if share == 0:
+            continue
+        zone = zones[-1][:, axis] | zones[1][:, axis]
+        stalled = np.abs(np.nan_to_num(average[:, axis])) < 0.4 * speed * share
+        in_zone = zone[3 : 3 + len(stalled)]
+        counts[:4] += len(stalled), in_zone.sum(), (stalled & in_zone).sum(), (stalled & ~in_zone).sum()
+        for wall in (-1, 1):
+            inside = zones[wall][:, axis] & m.has_object
+            t = 1
+            while t < len(inside):
+                if inside[t] and not inside[t - 1]:
+                    entered = t
+                    while t < len(inside) and inside[t]:
+                        t += 1
+                    # an arrival too near the end to tell is left out
+                    if t < len(inside) or t - entered >= LEAVE_FRAMES:
+                        counts[4] += 1
+                        counts[5] += t < len(inside) and t - entered < LEAVE_FRAMES
+                t += 1
+    return tuple(int(c) for c in counts)
+
+
+def walls(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0) -> None:
+    """Whether objects bounce: on the axes the caption moves along (held-out prompts that name a
+    direction), the share of frames stalled at a wall and elsewhere, and how many arrivals at a
+    wall are left within ``LEAVE_FRAMES`` frames; the same for the world's own clips of those
+    prompts (what a model that bounces would show)."""
+    num_frames = 1 + 4 * round(seconds * world.FPS / 4)
+    rng = np.random.default_rng(seed)
+    totals = {"model": np.zeros(6, dtype=int), "world": np.zeros(6, dtype=int)}
+    for k, prompt in enumerate(held_out_prompts(prompts, seed=seed)):
+        spec = parse_prompt(prompt)
+        if spec.direction is None:
+            continue
+        speed = world.SPEEDS[spec.speed or world.DEFAULT_SPEED]
+        scene = world.Scene(
+            spec.background,
+            spec.color,
+            spec.shape or "circle",
+            spec.size or "medium",
+            spec.speed or world.DEFAULT_SPEED,
+            spec.direction,
+        )
+        truth = world.render_clip(scene, num_frames, rng=rng).frames
+        totals["world"] += _wall_stats(truth, spec.direction, speed)
+        totals["model"] += _wall_stats(_frames(pipe, prompt, num_frames, seed=k), spec.direction, speed)
+    print(
+        "| clips | axis-frames | in a wall zone | stalled at a wall | stalled elsewhere | wall arrivals | left within 24 frames |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, (n, zone, at_wall, elsewhere, arrivals, left) in totals.items():
+        print(
+            f"| {name} | {n} | {zone / n:.1%} | {at_wall / n:.1%} | {elsewhere / n:.1%} | {arrivals} | "
+            f"{left} ({left / max(arrivals, 1):.0%}) |"
         )
 
 
@@ -652,6 +728,7 @@ def main() -> None:
             "failures",
             "shapes",
             "windows",
+            "walls",
             "direction",
             "start",
             "attributes",
@@ -671,7 +748,9 @@ def main() -> None:
     if args.check == "autoencoder":
         return autoencoder(pipe, seconds=args.seconds)
     checks = {"shape-word": shape_word, "probe": probe, "steps": steps}
-    checks.update(failures=failures, shapes=shapes, windows=windows, direction=direction, start=start)
+    checks.update(
+        failures=failures, shapes=shapes, windows=windows, walls=walls, direction=direction, start=start
+    )
     checks.update(attributes=attributes)
     checks[args.check](pipe)
 

@@ -1120,6 +1120,59 @@ def test_false_start_holds_or_drifts_the_first_chunk_then_sets_off_the_captions_
             check_config(TransformerTrainConfig(**base, **bad))
 
 
+def test_bounce_focus_starts_clips_where_the_object_bounces_in_the_target_chunk():
+    """``bounce_focus``: a plain sample's clip starts where its object turns at a wall in the target
+    chunk, read off the masks' centroids, far more often than in an unfocused draw of samples; ``bounce_start`` returns a start the spec
+    allows whose path turns from ``first`` on, or None where no start can (a slow object within its
+    first second); a share out of 0-1 raises."""
+    from vidgen.shapes import world
+    from vidgen.training.transformer import bounce_start
+
+    base = {k: v for k, v in TINY_DIT.items() if k != "model"}
+    grid = np.arange(base.get("size", 64), dtype=np.float64)
+
+    def turns_late(sample) -> bool:
+        # the target chunk's frames, and the frame before them: contiguous in the clip
+        frames = base.get("chunk_frames", 2) * 4 + 1
+        masks = sample.masks[-frames:]
+        path = np.array([[(m * grid[None, :]).sum(), (m * grid[:, None]).sum()] / m.sum() for m in masks])
+        steps = np.diff(path, axis=0)
+        for axis in (0, 1):
+            signs = np.sign(steps[np.abs(steps[:, axis]) > 0.05, axis])  # under 0.05 px: still
+            if (signs[1:] != signs[:-1]).any():
+                return True
+        return False
+
+    def late_share(focus: float) -> float:
+        config = TransformerTrainConfig(**{**base, "max_gap": 40}, bounce_focus=focus)
+        rng = np.random.default_rng(3)
+        samples = [make_sample(rng, config) for _ in range(200)]
+        plain = [s for s in samples if all(s.loss_chunks) and s.text == s.previous_text]
+        return sum(map(turns_late, plain)) / len(plain)
+
+    unfocused, focused = late_share(0.0), late_share(1.0)
+    # about 0.23 and 0.75 (a third of the samples start at the clip's start, where only a fast
+    # object can reach a wall by the target chunk)
+    assert unfocused < 0.3 and focused > 0.65, (unfocused, focused)
+
+    rng = np.random.default_rng(0)
+    fast = world.Scene("black", "red", "square", "large", "fast", "down-right")
+    for _ in range(20):
+        start = bounce_start(rng, fast, 60, 40)
+        assert start is not None
+        (x_lo, x_hi), (y_lo, y_hi) = world.start_range(fast)
+        assert x_lo <= start[0] <= x_hi and y_lo <= start[1] <= y_hi
+        _, velocity = world.trajectory(fast, 60, start)
+        flips = np.flatnonzero((np.sign(velocity[1:]) != np.sign(velocity[:-1])).any(axis=1)) + 1
+        assert (flips >= 40).any()
+        clip = world.render_clip(fast, 60, start=start)
+        np.testing.assert_allclose(clip.velocity, velocity)
+    slow = fast.replace(speed="slow")
+    assert bounce_start(rng, slow, world.FPS + 1, world.FPS) is None  # a second's travel from any start
+    with pytest.raises(ValueError, match="--bounce-focus"):
+        check_config(TransformerTrainConfig(**base, bounce_focus=1.2))
+
+
 def test_direction_pairs_differ_only_in_the_direction():
     """``make_direction_pair``: the same object from the same place (frame 0 equal), setting off two
     different ways (the last frames differ), under captions that parse to the same prompt but for

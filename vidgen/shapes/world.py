@@ -376,6 +376,12 @@ def retrace(clip: Clip, centers: np.ndarray) -> Clip:
     return dataclasses.replace(clip, frames=frames, masks=masks, centers=centers, velocity=velocity)
 
 
+def trajectory(scene: Scene, num_frames: int, start: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """The centres and velocities (T, 2) of ``scene``'s object over ``num_frames`` frames from
+    ``start``: the path ``render_clip`` draws, without drawing it."""
+    return _simulate((scene,), (0,), num_frames, _start_position(scene, None, start))
+
+
 def _start_position(
     scene: Scene, rng: np.random.Generator | int | None, start: tuple[float, float] | None
 ) -> tuple[float, float]:

@@ -159,6 +159,27 @@ def _draw_scene(rng: np.random.Generator, config: TransformerTrainConfig) -> wor
     return scene
 
 
+BOUNCE_TRIES = 32
+"""Starts drawn by :func:`bounce_start` before it gives up."""
+
+
+def bounce_start(
+    rng: np.random.Generator, scene: world.Scene, num_frames: int, first: int
+) -> tuple[float, float] | None:
+    """A start the spec allows (:func:`world.start_range`) from which ``scene``'s object bounces off
+    a wall at a frame from ``first`` to ``num_frames - 1``: uniform among such starts, by rejection;
+    None when none of ``BOUNCE_TRIES`` draws does (a slow object may not reach a wall by then)."""
+    (x_lo, x_hi), (y_lo, y_hi) = world.start_range(scene)
+    for _ in range(BOUNCE_TRIES):
+        start = (float(rng.uniform(x_lo, x_hi)), float(rng.uniform(y_lo, y_hi)))
+        _, velocity = world.trajectory(scene, num_frames, start)
+        # the frame whose step is the first after the turn
+        turns = np.flatnonzero((np.sign(velocity[1:]) != np.sign(velocity[:-1])).any(axis=1)) + 1
+        if (turns >= first).any():
+            return start
+    return None
+
+
 def _turned_clip(
     rng: np.random.Generator, scene: world.Scene, clip: world.Clip, config: TransformerTrainConfig
 ) -> tuple[world.Scene, world.Clip]:
@@ -196,7 +217,11 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         new = scene
 
     if change_latent is None:
-        clip = world.render_clip(scene, total_frames, size=config.size, rng=rng)
+        start = None
+        if config.bounce_focus > 0 and rng.random() < config.bounce_focus:  # drawn only when asked
+            first = _video_frames_of_latent(latent_indices[-c])[0]  # the target chunk
+            start = bounce_start(rng, scene, total_frames, first)
+        clip = world.render_clip(scene, total_frames, size=config.size, rng=rng, start=start)
     else:
         change_frame = _video_frames_of_latent(change_latent)[0]
         clip = world.render_clip(
@@ -764,6 +789,7 @@ def check_config(config: TransformerTrainConfig) -> None:
         "oversize_swap",
         "lag_swap",
         "turn_swap",
+        "bounce_focus",
         "self_context",
         "false_start",
         "false_start_still",
