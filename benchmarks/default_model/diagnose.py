@@ -9,6 +9,7 @@
     python benchmarks/default_model/diagnose.py shapes       [--model DIR]   # shape drawn per shape named
     python benchmarks/default_model/diagnose.py windows      [--model DIR]   # why 1-s windows fail
     python benchmarks/default_model/diagnose.py walls        [--model DIR]   # stalls; bounces at walls
+    python benchmarks/default_model/diagnose.py bounce       [--model DIR]   # bounces from the world's context
     python benchmarks/default_model/diagnose.py direction    [--model DIR]   # why rule 7 fails
     python benchmarks/default_model/diagnose.py start        [--model DIR]   # direction in the first chunk
     python benchmarks/default_model/diagnose.py attributes   [--model DIR]   # each word's hold on the estimate
@@ -395,6 +396,51 @@ def walls(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0) -> None
         )
 
 
+def bounce(pipe, clips: int = 120, seed: int = 123) -> None:
+    """Whether the model bounces from the world's own context: a world clip (1.5 s, canonical
+    caption) whose object reaches a wall in the first 2-7 frames after it is given as the video to
+    continue; the continuation's mean step on the bounce's axis over its frames 10-24 is away from
+    the wall (bounced), toward it (pushed on) or under 0.001 S a frame either way (stalled). The
+    world's own continuation bounces every time."""
+    from vidgen.training.transformer import bounce_start
+
+    prefix, length = 25, 32  # given frames (1 + 4k), generated frames
+    rng = np.random.default_rng(seed)
+    verdicts = dict.fromkeys(("bounced", "stalled", "pushed on", "lost"), 0)
+    done = 0
+    while done < clips:
+        scene = world.sample_scene(rng)
+        start = bounce_start(rng, scene, prefix + 8, prefix + 2)
+        if start is None:
+            continue
+        clip = world.render_clip(scene, prefix + length, start=start)
+        _, velocity = world.trajectory(scene, prefix + length, start)
+        turns = np.flatnonzero((np.sign(velocity[1:]) != np.sign(velocity[:-1])).any(axis=1)) + 1
+        turn = int(turns[turns >= prefix + 2][0])
+        axis = int(np.flatnonzero(np.sign(velocity[turn]) != np.sign(velocity[turn - 1]))[0])
+        out = pipe(
+            prompt=captions.caption(scene),
+            num_frames=length,
+            video=clip.frames[:prefix],
+            generator=torch.Generator().manual_seed(done),
+            output_type="np",
+        )
+        frames = np.asarray(out.frames)
+        frames = frames[0] if frames.ndim == 5 else frames
+        frames = (frames * 255).round().clip(0, 255).astype(np.uint8) if frames.dtype != np.uint8 else frames
+        path = measure_frames(frames[-length:]).centroid[10:25, axis]
+        if np.isnan(path).any():
+            verdicts["lost"] += 1
+        else:
+            step = float(np.mean(np.diff(path))) * np.sign(velocity[turn - 1][axis])
+            verdicts["bounced" if step < -0.001 else "pushed on" if step > 0.001 else "stalled"] += 1
+        done += 1
+    print(
+        ", ".join(f"{k} {v} ({v / clips:.0%})" for k, v in verdicts.items())
+        + f" of {clips} arrivals at a wall"
+    )
+
+
 def _path_at_latent_boundaries(frames) -> tuple[float, float]:
     """The centroid's path length over a video, and the part of it moved from the last frame of one
     latent frame to the first of the next (pixel frames 4k -> 4k + 1: the autoencoder decodes frame
@@ -729,6 +775,7 @@ def main() -> None:
             "shapes",
             "windows",
             "walls",
+            "bounce",
             "direction",
             "start",
             "attributes",
@@ -749,7 +796,13 @@ def main() -> None:
         return autoencoder(pipe, seconds=args.seconds)
     checks = {"shape-word": shape_word, "probe": probe, "steps": steps}
     checks.update(
-        failures=failures, shapes=shapes, windows=windows, walls=walls, direction=direction, start=start
+        failures=failures,
+        shapes=shapes,
+        windows=windows,
+        walls=walls,
+        bounce=bounce,
+        direction=direction,
+        start=start,
     )
     checks.update(attributes=attributes)
     checks[args.check](pipe)
