@@ -1173,6 +1173,47 @@ def test_bounce_focus_starts_clips_where_the_object_bounces_in_the_target_chunk(
         check_config(TransformerTrainConfig(**base, bounce_focus=1.2))
 
 
+def test_wall_hold_holds_the_object_where_it_bounces_then_the_target_shows_it_leaving():
+    """``wall_hold``: a plain sample's object stops where it bounces in the window for 4-12 frames
+    (its mask unchanged frame to frame), at a wall (within a step of rule 8's bounce zone's inner
+    edge: its box touches the wall within a step), then moves on along its path reversed on that
+    axis: the target chunk shows it leaving. The chunks that show it held leave the loss, the
+    others stay; a share out of 0-1 raises."""
+    base = {k: v for k, v in TINY_DIT.items() if k != "model"}
+    config = TransformerTrainConfig(**{**base, "max_gap": 40}, wall_hold=1.0)
+    size = config.size
+    grid = np.arange(size, dtype=np.float64)
+    chunk = 4 * config.chunk_frames  # video frames per chunk after the first
+
+    def centroid(mask):
+        return np.array([(mask * grid[None, :]).sum(), (mask * grid[:, None]).sum()]) / mask.sum()
+
+    rng = np.random.default_rng(7)
+    samples = [make_sample(rng, config) for _ in range(120)]
+    held = [s for s in samples if s.wall_hold]
+    assert len(held) > 20
+    for sample in held:
+        still = np.array([np.array_equal(a, b) for a, b in zip(sample.masks[1:], sample.masks[:-1], strict=True)])
+        runs = np.flatnonzero(still)
+        assert len(runs) == sample.wall_hold and np.all(np.diff(runs) == 1)  # one hold, as long as asked
+        first, last = runs[0], runs[-1] + 1  # frames first .. last show the same object
+        # chunk 0 is frame 0 and the next latent frame's 4; chunk k >= 1 the next ``chunk`` frames each
+        chunk_of = [0 if t <= 4 else 1 + (t - 5) // chunk for t in range(len(sample.masks))]
+        showing = {chunk_of[t] for t in range(first + 1, last + 1)}
+        assert sample.loss_chunks == [k not in showing for k in range(len(sample.loss_chunks))]
+        assert sample.loss_chunks[-1]  # the target is learned
+        path = np.array([centroid(m) for m in sample.masks])
+        before = path[first] - path[first - 2]
+        after = path[-1] - path[last]
+        # on the axis it bounced, it leaves the wall it had reached
+        axis = int(np.argmax([abs(before[a]) * (before[a] * after[a] < 0) for a in (0, 1)]))
+        assert before[axis] * after[axis] < 0, (before, after)
+        wall_gap = path[first][axis] if before[axis] < 0 else size - path[first][axis]
+        assert wall_gap < sample.masks[first].any(axis=1 - axis).sum() / 2 + 2.5  # touching, within a step
+    with pytest.raises(ValueError, match="--wall-hold"):
+        check_config(TransformerTrainConfig(**base, wall_hold=-0.5))
+
+
 def test_direction_pairs_differ_only_in_the_direction():
     """``make_direction_pair``: the same object from the same place (frame 0 equal), setting off two
     different ways (the last frames differ), under captions that parse to the same prompt but for

@@ -155,6 +155,12 @@ class TransformerTrainConfig:
     shipped model's arrivals at a wall on an axis its caption moves along, 57 % leave within 24
     frames (the world's: 91 %). Where no start gives such a bounce (a slow object can't reach a
     wall by then) the start is drawn as usual (0: off)."""
+    wall_hold: float = 0.0
+    """Share of the samples without a prompt change (drawn before ``bounce_focus``) whose clip
+    starts where its object bounces off a wall in the window, and whose object is held there 4-12
+    frames before it bounces, so that the target chunk shows it leaving. The chunks that show it
+    held leave the loss (context only): the model learns to leave a wall it has stopped at, the
+    state its own rollouts reach when they miss a bounce and that no world clip shows (0: off)."""
     direction_contrast: float = 0.0
     """Extra loss weight, as ``shape_contrast`` gives the shape, on the latent values that tell the
     object's path from the path of the same object setting off from the same place in another of

@@ -56,6 +56,7 @@ class Sample:
     other_direction_frames: np.ndarray | None = None  # the same, for direction_contrast's weight
     own_context: bool = False  # its context chunks are the model's own estimates (self_context)
     false_start: str | None = None  # "still" or "drift": its first chunk is a false start (false_start)
+    wall_hold: int = 0  # video frames its object is held at a wall before bouncing (wall_hold)
 
     @property
     def forced_swap_frames(self) -> np.ndarray | None:
@@ -161,23 +162,40 @@ def _draw_scene(rng: np.random.Generator, config: TransformerTrainConfig) -> wor
 
 BOUNCE_TRIES = 32
 """Starts drawn by :func:`bounce_start` before it gives up."""
+WALL_HOLD_FRAMES = (4, 12)
+"""The fewest and most video frames ``wall_hold`` holds an object at a wall."""
+
+
+def turn_frames(velocity: np.ndarray) -> np.ndarray:
+    """The frames of a path's velocities (T, 2) whose step is the first after a bounce."""
+    return np.flatnonzero((np.sign(velocity[1:]) != np.sign(velocity[:-1])).any(axis=1)) + 1
 
 
 def bounce_start(
-    rng: np.random.Generator, scene: world.Scene, num_frames: int, first: int
+    rng: np.random.Generator, scene: world.Scene, num_frames: int, first: int, last: int | None = None
 ) -> tuple[float, float] | None:
     """A start the spec allows (:func:`world.start_range`) from which ``scene``'s object bounces off
-    a wall at a frame from ``first`` to ``num_frames - 1``: uniform among such starts, by rejection;
-    None when none of ``BOUNCE_TRIES`` draws does (a slow object may not reach a wall by then)."""
+    a wall at a frame from ``first`` to ``last`` (default ``num_frames - 1``): uniform among such
+    starts, by rejection; None when none of ``BOUNCE_TRIES`` draws does (a slow object may not
+    reach a wall by then)."""
+    last = num_frames - 1 if last is None else last
+    if last < first:
+        return None
     (x_lo, x_hi), (y_lo, y_hi) = world.start_range(scene)
     for _ in range(BOUNCE_TRIES):
         start = (float(rng.uniform(x_lo, x_hi)), float(rng.uniform(y_lo, y_hi)))
-        _, velocity = world.trajectory(scene, num_frames, start)
-        # the frame whose step is the first after the turn
-        turns = np.flatnonzero((np.sign(velocity[1:]) != np.sign(velocity[:-1])).any(axis=1)) + 1
-        if (turns >= first).any():
+        turns = turn_frames(world.trajectory(scene, num_frames, start)[1])
+        if ((turns >= first) & (turns <= last)).any():
             return start
     return None
+
+
+def _held_at_wall(clip: world.Clip, turn: int, hold: int) -> world.Clip:
+    """``clip`` with its object held ``hold`` frames where it bounces (frame ``turn - 1``, the last
+    before its step away), then going on along its path from there."""
+    t = np.arange(len(clip.centers))
+    source = np.where(t < turn, t, np.maximum(t - hold, turn - 1))
+    return world.retrace(clip, clip.centers[source])
 
 
 def _turned_clip(
@@ -216,12 +234,23 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
     else:
         new = scene
 
+    hold = 0
     if change_latent is None:
         start = None
-        if config.bounce_focus > 0 and rng.random() < config.bounce_focus:  # drawn only when asked
-            first = _video_frames_of_latent(latent_indices[-c])[0]  # the target chunk
-            start = bounce_start(rng, scene, total_frames, first)
+        target_frame = _video_frames_of_latent(latent_indices[-c])[0]  # the target chunk's first
+        if config.wall_hold > 0 and rng.random() < config.wall_hold:  # drawn only when asked
+            hold = int(rng.integers(WALL_HOLD_FRAMES[0], WALL_HOLD_FRAMES[1] + 1))
+            # a bounce in the window, held so that the target chunk shows the object leaving
+            window_frame = _video_frames_of_latent(latent_indices[s])[0]
+            start = bounce_start(rng, scene, total_frames, window_frame + 1, target_frame - hold)
+            hold = hold if start is not None else 0
+        elif config.bounce_focus > 0 and rng.random() < config.bounce_focus:  # drawn only when asked
+            start = bounce_start(rng, scene, total_frames, target_frame)
         clip = world.render_clip(scene, total_frames, size=config.size, rng=rng, start=start)
+        if hold:
+            turns = turn_frames(clip.velocity)
+            turn = int(turns[turns > _video_frames_of_latent(latent_indices[s])[0]][0])
+            clip = _held_at_wall(clip, turn, hold)
     else:
         change_frame = _video_frames_of_latent(change_latent)[0]
         clip = world.render_clip(
@@ -258,7 +287,13 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         behind = clip.centers[np.maximum(np.arange(len(clip.centers)) - lag, 0)]
         lag_frames = world.redraw(clip, config.size, centers=behind)[picked]
     # a caption that names no direction allows every direction
-    sets_off = bool(text) and gap == 0 and change_latent is None and parse_prompt(text).direction is not None
+    sets_off = (
+        bool(text)
+        and gap == 0
+        and change_latent is None
+        and not hold
+        and parse_prompt(text).direction is not None
+    )
 
     false_start = None
     if (
@@ -291,6 +326,16 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         loss_chunks = [True] * num_chunks
     else:
         loss_chunks = [latent_indices[k * c] >= change_latent for k in range(num_chunks)]
+    if hold:
+        # a chunk that shows the object held is a context the sampler may make, not one to learn
+        held = clip.centers[1:] == clip.centers[:-1]
+        for k in range(num_chunks):
+            first, last = (
+                _video_frames_of_latent(latent_indices[k * c])[0],
+                _video_frames_of_latent(latent_indices[k * c + c - 1])[1],
+            )
+            if held[max(first - 1, 0) : last - 1].all(axis=1).any():
+                loss_chunks[k] = False
     if false_start == "drift":
         loss_chunks[0] = False  # a context the sampler may make, not a start to learn
     # drawn only when asked; a context of the old prompt or without a caption has nothing to estimate
@@ -310,6 +355,7 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         other_direction_frames=other_direction_frames,
         own_context=own_context,
         false_start=false_start,
+        wall_hold=hold,
     )
 
 
@@ -790,6 +836,7 @@ def check_config(config: TransformerTrainConfig) -> None:
         "lag_swap",
         "turn_swap",
         "bounce_focus",
+        "wall_hold",
         "self_context",
         "false_start",
         "false_start_still",
