@@ -402,7 +402,7 @@ def bounce(pipe, clips: int = 120, seed: int = 123) -> None:
     continue; the continuation's mean step on the bounce's axis over its frames 10-24 is away from
     the wall (bounced), toward it (pushed on) or under 0.001 S a frame either way (stalled). The
     world's own continuation bounces every time."""
-    from vidgen.training.transformer import bounce_start
+    from vidgen.training.transformer import bounce_start, turn_frames
 
     prefix, length = 25, 32  # given frames (1 + 4k), generated frames
     rng = np.random.default_rng(seed)
@@ -415,7 +415,7 @@ def bounce(pipe, clips: int = 120, seed: int = 123) -> None:
             continue
         clip = world.render_clip(scene, prefix + length, start=start)
         _, velocity = world.trajectory(scene, prefix + length, start)
-        turns = np.flatnonzero((np.sign(velocity[1:]) != np.sign(velocity[:-1])).any(axis=1)) + 1
+        turns = turn_frames(velocity)
         turn = int(turns[turns >= prefix + 2][0])
         axis = int(np.flatnonzero(np.sign(velocity[turn]) != np.sign(velocity[turn - 1]))[0])
         out = pipe(
