@@ -45,12 +45,16 @@ def _uint8(video: torch.Tensor) -> np.ndarray:
     return ((video.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 4, 1).numpy()
 
 
-def _frames(pipe, prompt: str, num_frames: int, seed: int, steps: int | None = None) -> np.ndarray:
+def _frames(
+    pipe, prompt: str, num_frames: int, seed: int, steps: int | None = None, video: np.ndarray | None = None
+) -> np.ndarray:
+    """The generated frames (T, S, S, 3) uint8; ``video``: the frames to continue."""
     out = pipe(
         prompt=prompt,
         num_frames=num_frames,
         num_inference_steps=steps,
         generator=torch.Generator().manual_seed(seed),
+        video=video,
         output_type="np",
     )
     frames = np.asarray(out.frames)
@@ -418,16 +422,7 @@ def bounce(pipe, clips: int = 120, seed: int = 123) -> None:
         turns = turn_frames(velocity)
         turn = int(turns[turns >= prefix + 2][0])
         axis = int(np.flatnonzero(np.sign(velocity[turn]) != np.sign(velocity[turn - 1]))[0])
-        out = pipe(
-            prompt=captions.caption(scene),
-            num_frames=length,
-            video=clip.frames[:prefix],
-            generator=torch.Generator().manual_seed(done),
-            output_type="np",
-        )
-        frames = np.asarray(out.frames)
-        frames = frames[0] if frames.ndim == 5 else frames
-        frames = (frames * 255).round().clip(0, 255).astype(np.uint8) if frames.dtype != np.uint8 else frames
+        frames = _frames(pipe, captions.caption(scene), length, seed=done, video=clip.frames[:prefix])
         path = measure_frames(frames[-length:]).centroid[10:25, axis]
         if np.isnan(path).any():
             verdicts["lost"] += 1

@@ -234,14 +234,14 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
     else:
         new = scene
 
-    hold = 0
+    hold = turn = 0
     if change_latent is None:
         start = None
         target_frame = _video_frames_of_latent(latent_indices[-c])[0]  # the target chunk's first
+        window_frame = _video_frames_of_latent(latent_indices[s])[0]
         if config.wall_hold > 0 and rng.random() < config.wall_hold:  # drawn only when asked
             hold = int(rng.integers(WALL_HOLD_FRAMES[0], WALL_HOLD_FRAMES[1] + 1))
             # a bounce in the window, held so that the target chunk shows the object leaving
-            window_frame = _video_frames_of_latent(latent_indices[s])[0]
             start = bounce_start(rng, scene, total_frames, window_frame + 1, target_frame - hold)
             hold = hold if start is not None else 0
         elif config.bounce_focus > 0 and rng.random() < config.bounce_focus:  # drawn only when asked
@@ -249,7 +249,7 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
         clip = world.render_clip(scene, total_frames, size=config.size, rng=rng, start=start)
         if hold:
             turns = turn_frames(clip.velocity)
-            turn = int(turns[turns > _video_frames_of_latent(latent_indices[s])[0]][0])
+            turn = int(turns[turns > window_frame][0])
             clip = _held_at_wall(clip, turn, hold)
     else:
         change_frame = _video_frames_of_latent(change_latent)[0]
@@ -327,14 +327,12 @@ def make_sample(rng: np.random.Generator, config: TransformerTrainConfig) -> Sam
     else:
         loss_chunks = [latent_indices[k * c] >= change_latent for k in range(num_chunks)]
     if hold:
-        # a chunk that shows the object held is a context the sampler may make, not one to learn
-        held = clip.centers[1:] == clip.centers[:-1]
+        # a chunk that shows the object held (frames turn .. turn + hold - 1 repeat the one before)
+        # is a context the sampler may make, not one to learn
         for k in range(num_chunks):
-            first, last = (
-                _video_frames_of_latent(latent_indices[k * c])[0],
-                _video_frames_of_latent(latent_indices[k * c + c - 1])[1],
-            )
-            if held[max(first - 1, 0) : last - 1].all(axis=1).any():
+            first = _video_frames_of_latent(latent_indices[k * c])[0]
+            last = _video_frames_of_latent(latent_indices[k * c + c - 1])[1]
+            if first < turn + hold and turn < last:
                 loss_chunks[k] = False
     if false_start == "drift":
         loss_chunks[0] = False  # a context the sampler may make, not a start to learn
