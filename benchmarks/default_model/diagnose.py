@@ -13,6 +13,7 @@
     python benchmarks/default_model/diagnose.py direction    [--model DIR]   # why rule 7 fails
     python benchmarks/default_model/diagnose.py start        [--model DIR]   # direction in the first chunk
     python benchmarks/default_model/diagnose.py attributes   [--model DIR]   # each word's hold on the estimate
+    python benchmarks/default_model/diagnose.py first        [--model DIR]   # the first seconds' windows
 
 Each prints one table; all run on one thread. ``--model`` is a pipeline folder (default: the
 embedded model; a training checkpoint becomes one with ``vidgen train export``); ``--transformer``
@@ -29,7 +30,7 @@ from scipy import ndimage
 
 from vidgen import LongVideoPipeline
 from vidgen.attention import AttentionPattern
-from vidgen.evaluation import held_out_prompts
+from vidgen.evaluation import held_out_prompts, run_video, summarize
 from vidgen.pipelines.scheduler import FlowSchedule, timestep_of
 from vidgen.shapes import captions, world
 from vidgen.shapes.evaluate import evaluate_video
@@ -488,6 +489,44 @@ def _turn_way(frames, reversal, spec) -> str:
     return "to the named way" if move * named > 0 else "away from it"
 
 
+def first(pipe, prompts: int = 40, seconds: float = 4.0, seed: int = 11) -> None:
+    """The first seconds, as `vidgen eval` makes them (``run_video``: seed ``k`` for the k-th of
+    ``held_out_prompts(prompts, seed=11)``, whose first six are the shipped-model test's fixed set
+    and first 30 set B's prompts): the 1-s windows failing in each second, and the first second's
+    reversals away from a wall by where they send the object and the frame they turn at."""
+    failing = np.zeros(int(seconds), dtype=int)
+    on_reversal = np.zeros(int(seconds), dtype=int)
+    way: dict[str, int] = {}
+    turn_frames: list[int] = []
+    results = []
+    for k, prompt in enumerate(held_out_prompts(prompts, seed=seed)):
+        result, _, report = run_video(pipe, prompt, seconds=seconds, seed=k)
+        results.append(result)
+        spec = parse_prompt(prompt)
+        for i, w in enumerate(report.windows[: len(failing)]):
+            failing[i] += not (w.motion_ok and w.reversal_ok)
+            on_reversal[i] += not w.reversal_ok
+        for r in report.windows[0].reversals if report.windows else []:
+            if not r.ok:
+                turn_frames.append(r.frame)
+                key = _turn_way(report.frames, r, spec)
+                way[key] = way.get(key, 0) + 1
+    summary = summarize(results)
+    print(
+        f"{prompts} videos of {seconds:g} s: frames passing {summary['frame_pass_rate']:.1%}, "
+        f"1-s windows passing {summary['window_pass_rate']:.1%}, adhering "
+        f"{sum(r.adheres for r in results)}"
+    )
+    print(
+        f"1-s windows failing by second: {' / '.join(map(str, failing))}; on a reversal: {' / '.join(map(str, on_reversal))}"
+    )
+    print(
+        f"first-second reversals away from a wall: {len(turn_frames)}; "
+        + ", ".join(f"{k} {n}" for k, n in sorted(way.items()))
+    )
+    print(f"  turning at pixel frames: {sorted(turn_frames)}")
+
+
 def shapes(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0, clips: int = 36) -> None:
     """Which shape is drawn for which named shape, by size: on the 10-s videos of ``vidgen eval
     --held-out PROMPTS --seed SEED`` (its prompts), and on ground-truth clips through
@@ -774,6 +813,7 @@ def main() -> None:
             "direction",
             "start",
             "attributes",
+            "first",
         ],
     )
     parser.add_argument("--model", help="pipeline folder (default: the embedded model)")
@@ -799,7 +839,7 @@ def main() -> None:
         direction=direction,
         start=start,
     )
-    checks.update(attributes=attributes)
+    checks.update(attributes=attributes, first=first)
     checks[args.check](pipe)
 
 
