@@ -497,7 +497,7 @@ def first(pipe, prompts: int = 40, seconds: float = 4.0, seed: int = 11) -> None
     failing = np.zeros(int(seconds), dtype=int)
     on_reversal = np.zeros(int(seconds), dtype=int)
     way: dict[str, int] = {}
-    turn_frames: list[int] = []
+    turned_at: list[int] = []
     results = []
     for k, prompt in enumerate(held_out_prompts(prompts, seed=seed)):
         result, _, report = run_video(pipe, prompt, seconds=seconds, seed=k)
@@ -508,7 +508,7 @@ def first(pipe, prompts: int = 40, seconds: float = 4.0, seed: int = 11) -> None
             on_reversal[i] += not w.reversal_ok
         for r in report.windows[0].reversals if report.windows else []:
             if not r.ok:
-                turn_frames.append(r.frame)
+                turned_at.append(r.frame)
                 key = _turn_way(report.frames, r, spec)
                 way[key] = way.get(key, 0) + 1
     summary = summarize(results)
@@ -517,14 +517,13 @@ def first(pipe, prompts: int = 40, seconds: float = 4.0, seed: int = 11) -> None
         f"1-s windows passing {summary['window_pass_rate']:.1%}, adhering "
         f"{sum(r.adheres for r in results)}"
     )
+    by_second = " / ".join(map(str, failing))
+    print(f"1-s windows failing by second: {by_second}; on a reversal: {' / '.join(map(str, on_reversal))}")
     print(
-        f"1-s windows failing by second: {' / '.join(map(str, failing))}; on a reversal: {' / '.join(map(str, on_reversal))}"
-    )
-    print(
-        f"first-second reversals away from a wall: {len(turn_frames)}; "
+        f"first-second reversals away from a wall: {len(turned_at)}; "
         + ", ".join(f"{k} {n}" for k, n in sorted(way.items()))
     )
-    print(f"  turning at pixel frames: {sorted(turn_frames)}")
+    print(f"  turning at pixel frames: {sorted(turned_at)}")
 
 
 def shapes(pipe, prompts: int = 20, seconds: float = 10.0, seed: int = 0, clips: int = 36) -> None:
