@@ -491,8 +491,8 @@ def _turn_way(frames, reversal, spec) -> str:
 
 def first(pipe, prompts: int = 40, seconds: float = 4.0, seed: int = 11) -> None:
     """The first seconds, as `vidgen eval` makes them (``run_video``: seed ``k`` for the k-th of
-    ``held_out_prompts(prompts, seed=11)``, whose first six are the shipped-model test's fixed set
-    and first 30 set B's prompts): the 1-s windows failing in each second, and the first second's
+    ``held_out_prompts(prompts, seed=11)``: at the default 40, the shipped-model test's fixed set;
+    its first 30 are set B's prompts, with other seeds): the 1-s windows failing in each second, and the first second's
     reversals away from a wall by where they send the object and the frame they turn at."""
     failing = np.zeros(int(seconds), dtype=int)
     on_reversal = np.zeros(int(seconds), dtype=int)
