@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.tiny import TINY_TRANSFORMER
+from vidgen.config import load_config
 from vidgen.training.autoencoder import finalize_autoencoder, train_autoencoder
 from vidgen.training.configs import AutoencoderTrainConfig, TransformerTrainConfig
 from vidgen.training.loop import cosine_lr
@@ -171,6 +172,8 @@ def test_export_writes_the_ema_or_the_raw_weights(autoencoder, tmp_path):
         assert not all(_within_float16(exported[name], other[name]) for name in exported)  # the other fails
         state = json.loads((out / "training_state.json").read_text())
         assert state["transformer_weights"] == weights and state["transformer_step"] == 10
+        # as the shipped model: float32 sampling, whose videos do not follow the CPU's kernels
+        assert load_config(out / "vidgen.toml").runtime.autocast == "off"
 
 
 def test_sigterm_saves_the_step_and_stops(tmp_path):

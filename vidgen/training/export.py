@@ -30,8 +30,8 @@ def export_pipeline(
 ) -> Path:
     """Write ``out`` with the transformer run's ``weights`` (``ema``, or ``raw``: the weights of the
     step itself, for a branch younger than the EMA's horizon), stored in ``dtype`` (the pipeline
-    loads them in its runtime dtype), the finalized autoencoder and the default preset as
-    ``vidgen.toml``. A ``MODEL_CARD.md`` already in ``out`` is kept."""
+    loads them in its runtime dtype), the finalized autoencoder and the default preset (sampling in
+    float32) as ``vidgen.toml``. A ``MODEL_CARD.md`` already in ``out`` is kept."""
     if weights not in _WEIGHTS:
         raise ValueError(f"weights must be one of {sorted(_WEIGHTS)}, got {weights!r}")
     latest = Path(transformer_run) / "latest"
@@ -47,6 +47,10 @@ def export_pipeline(
             "generation.sink_frames": train["sink_frames"],
             "generation.window_frames": train["window_frames"],
             "model.text_max_length": train["text_max_length"],
+            # float32 sampling: under "auto" a CPU with native bfloat16 autocasts, and a rollout
+            # then follows the CPU's kernels, so a seed's video differs between machines (model
+            # card, Diagnosis, stop 43); the embedded model's size costs float32 no time
+            "runtime.autocast": "off",
         }
     )
     out = Path(out)
