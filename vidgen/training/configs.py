@@ -401,6 +401,21 @@ class DistillTrainConfig:
     correction_chunks: int = 8
     """The most chunks a ``correction_weight`` rollout makes before the chunk it corrects (each
     generator update draws 1 to this many, so bounces off the walls come into it)."""
+    motion_weight: float = 0.0
+    """Self-forcing: weight of the constant-velocity term, added to every generator update. The
+    student's rollout (the one DMD judges) is decoded with its gradient, the object is located as the
+    soft centroid of the pixels away from the caption's background colour, and the square of the
+    centroid's second difference over ``motion_lag`` frames is penalised wherever no wall is near
+    enough for a bounce (:mod:`vidgen.training.motion`): Shapes World moves at constant velocity
+    there, and rule 8 fails a reversal there (0: none; needs Shapes World captions, so no
+    ``prompts`` file)."""
+    motion_speed_weight: float = 0.0
+    """Self-forcing: weight of the speed term on the same track: the centroid's speed on each axis
+    against the caption's (its direction and speed word; captions naming no direction are not
+    judged), where no wall is near. It holds the motion the constant-velocity term could otherwise
+    buy by slowing the object (0: none)."""
+    motion_lag: int = 2
+    """Frames between the positions the motion terms compare (the decoder's frames, 16 a second)."""
     dmd_sigma_min: float = 0.02
     dmd_sigma_max: float = 0.98
     """Range of the (shifted) noise levels at which the score models judge a rollout."""
@@ -457,6 +472,11 @@ class DistillTrainConfig:
             raise ValueError(f"correction_weight must be >= 0, got {self.correction_weight}")
         if self.correction_chunks < 1:
             raise ValueError(f"correction_chunks must be >= 1, got {self.correction_chunks}")
+        for name in ("motion_weight", "motion_speed_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.motion_lag < 1:
+            raise ValueError(f"motion_lag must be >= 1, got {self.motion_lag}")
         if self.data_object_weight < 0:
             raise ValueError(f"data_object_weight must be >= 0, got {self.data_object_weight}")
         if self.data_temporal_weight < 0:

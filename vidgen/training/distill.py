@@ -26,8 +26,10 @@ Every step trains the fake score; every ``generator_every``-th step also the gen
 stage's loss), DMD's paired regression term: it holds the student near what the teacher draws while
 the distribution matching moves it. With ``data_weight`` it also takes the flow-matching loss on
 Shapes World clips rendered on the fly (captioned, encoded by the teacher's autoencoder): that holds
-it to the data instead. Otherwise no data is needed: prompts come from Shapes World's captions or
-from a text file.
+it to the data instead. With ``motion_weight`` / ``motion_speed_weight`` the rollout is decoded with
+its gradient and the object's soft centroid is held to Shapes World's physics away from the walls:
+constant velocity, the caption's speed (:mod:`vidgen.training.motion`). Otherwise no data is
+needed: prompts come from Shapes World's captions or from a text file.
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ from vidgen.pipelines.scheduler import FlowSchedule, add_noise
 from vidgen.pipelines.vae_stream import video_to_uint8
 from vidgen.shapes import captions, world
 from vidgen.shapes.correction import continuation
-from vidgen.shapes.prompts import parse_prompt
+from vidgen.shapes.prompts import PromptSpec, parse_prompt
 from vidgen.shapes.world import Clip
+from vidgen.training import motion
 from vidgen.training.checkpoint import as_float, load_transformer
 from vidgen.training.configs import DistillTrainConfig
 from vidgen.training.data import clips_to_tensor
@@ -214,8 +217,10 @@ class Distiller:
         self.correction_rollout = Rollout(
             self.pipe_config, self.latent_hw, self.student_schedule, autocast=self.autocast
         )
-        if config.data_weight > 0 or config.correction_weight > 0:
-            term = "data_weight" if config.data_weight > 0 else "correction_weight"
+        terms = ("data_weight", "correction_weight", "motion_weight", "motion_speed_weight")
+        used = [name for name in terms if getattr(config, name) > 0]
+        if used:
+            term = used[0]
             if config.prompts:
                 raise DistillSetupError(
                     f"{term} renders Shapes World clips with their own captions: leave out --prompts"
@@ -526,6 +531,30 @@ class Distiller:
         err = (v - (noise - target)).square().mean(dim=(1, 2, 3, 4))  # (B,)
         return (err * valid).sum() / valid.sum().clamp(min=1)
 
+    # ---------------------------------------------------------------- motion terms
+    def motion_losses(self, video: torch.Tensor, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The constant-velocity and speed penalties (:func:`vidgen.training.motion.motion_penalties`)
+        of the rollout ``video`` (B, C, F, h, w) normalised, decoded with its gradient; a caption
+        the parser cannot read leaves both terms."""
+        assert self.vae is not None, "no autoencoder loaded"
+        specs, readable = [], []
+        for text in texts:
+            try:
+                specs.append(parse_prompt(text))
+                readable.append(True)
+            except ValueError:
+                specs.append(PromptSpec(color="red", shape="circle", background="black"))
+                readable.append(False)
+        z = video.float() * self.latent_std + self.latent_mean
+        pixels = self.vae.decode(z).sample  # (B, 3, T, S, S) in [-1, 1]
+        track = motion.soft_track(pixels, motion.background_colors(specs, self.device))
+        ok = torch.tensor(readable, device=self.device)
+        track.present &= ok[:, None]
+        speeds = [motion.named_axis_speed(spec) for spec in specs]
+        axis_speed = torch.tensor([s or (0.0, 0.0) for s in speeds], device=self.device)
+        known = torch.tensor([s is not None for s in speeds], device=self.device) & ok
+        return motion.motion_penalties(track, axis_speed, known, self.config.motion_lag)
+
     # ---------------------------------------------------------------- self-forcing stage
     def exit_steps(self, rng: np.random.Generator) -> list[int]:
         c = self.config
@@ -540,7 +569,8 @@ class Distiller:
     ) -> dict[str, torch.Tensor]:
         """One fake-score update, and every ``generator_every``-th step a generator update: DMD on
         the student's rollout, plus ``regression_weight`` times the ODE regression on ``pool`` and
-        ``data_weight`` times the flow-matching loss on rendered clips."""
+        ``data_weight`` times the flow-matching loss on rendered clips, and the motion terms
+        (``motion_weight``, ``motion_speed_weight``) on the rollout decoded."""
         c = self.config
         rng = np.random.default_rng([c.seed, step])
         generator = torch.Generator().manual_seed(c.seed * 1_000_003 + step)
@@ -594,6 +624,9 @@ class Distiller:
             if c.correction_weight > 0:
                 out["correction_loss"] = self.correction_loss(step)
                 loss = loss + c.correction_weight * out["correction_loss"]
+            if c.motion_weight > 0 or c.motion_speed_weight > 0:
+                out["motion_loss"], out["speed_loss"] = self.motion_losses(video, prompts)
+                loss = loss + c.motion_weight * out["motion_loss"] + c.motion_speed_weight * out["speed_loss"]
         sigma = sample_sigmas(batch, c.rollout_chunks, chunk_frames, c, self.shift, generator)
         noise = torch.randn(video.shape, generator=generator).to(self.device)
         out["critic_loss"] = flow_matching_loss(

@@ -1,0 +1,113 @@
+"""A differentiable measure of Shapes World motion on decoded frames, for the distillation's motion
+term (``vidgen train distill --motion-weight``).
+
+Shapes World objects move at constant velocity except where they bounce off a wall (the spec's
+"Motion"); the evaluator's rule 8 fails a reversal anywhere else, and rule 6 a window slower than
+0.4x the named speed. The evaluator measures on hard masks, which give no gradient; here the object
+is a soft weight on every pixel, its distance from the caption's background colour beyond a noise
+floor, and the position is that weight's centroid. Away from the walls its second difference
+should be zero and its speed on each axis the caption's; both are penalised where the centroid is
+far enough from every wall that no true bounce can fall inside the frames compared."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from vidgen.shapes.motion import WALL_MARGIN
+from vidgen.shapes.prompts import PromptSpec
+from vidgen.shapes.world import BACKGROUNDS, DIRECTIONS, SPEEDS
+
+NOISE_FLOOR = 0.25
+"""Distance from the background (RGB in [-1, 1], 32 of 255 levels) below which a pixel weighs
+nothing: the autoencoder's ripple on a flat background stays under it, every colour of the table
+is at least 0.73 from every background."""
+MIN_MASS = 0.002
+"""The soft weight's sum over a frame, as a fraction of the frame's pixels, below which the frame
+shows no object (half the smallest triangle at the weakest contrast weighs 0.0029)."""
+SLOW = SPEEDS["slow"]
+FAST = max(SPEEDS.values())
+
+
+@dataclass
+class SoftTrack:
+    """Per frame of each video: the soft weight's ``centroid`` (B, T, 2) as (x, y) fractions of the
+    side, with gradient; ``present`` (B, T) bool and ``half_extent`` (B, T, 2), both without."""
+
+    centroid: torch.Tensor
+    present: torch.Tensor
+    half_extent: torch.Tensor
+
+
+def background_colors(specs: list[PromptSpec], device: torch.device | str = "cpu") -> torch.Tensor:
+    """The captions' background colours as the decoder writes pixels: (B, 3) in [-1, 1]."""
+    rgb = torch.tensor([BACKGROUNDS[spec.background] for spec in specs], dtype=torch.float32)
+    return (rgb / 127.5 - 1.0).to(device)
+
+
+def soft_track(pixels: torch.Tensor, background: torch.Tensor) -> SoftTrack:
+    """``pixels`` (B, 3, T, S, S) in [-1, 1] (decoded), ``background`` (B, 3) likewise."""
+    diff = pixels.float() - background[:, :, None, None, None].float()
+    distance = (diff.square().sum(dim=1) + 1e-8).sqrt()  # (B, T, S, S)
+    weight = torch.relu(distance - NOISE_FLOOR)
+    side = pixels.shape[-1]
+    pos = (torch.arange(side, dtype=weight.dtype, device=weight.device) + 0.5) / side
+    mass = weight.sum(dim=(-2, -1))  # (B, T)
+    safe = mass.clamp(min=1e-6)
+    columns, rows = weight.sum(dim=-2), weight.sum(dim=-1)  # (B, T, S) along x and along y
+    cx = (columns * pos).sum(-1) / safe
+    cy = (rows * pos).sum(-1) / safe
+    with torch.no_grad():
+        # a flat shape of side d has variance d^2/12 on an axis: half its extent is sqrt(3 var)
+        vx = (columns * (pos - cx[..., None]).square()).sum(-1) / safe
+        vy = (rows * (pos - cy[..., None]).square()).sum(-1) / safe
+        half = (3 * torch.stack([vx, vy], dim=-1)).sqrt()
+        present = mass / (side * side) > MIN_MASS
+    return SoftTrack(torch.stack([cx, cy], dim=-1), present, half)
+
+
+def named_axis_speed(spec: PromptSpec) -> tuple[float, float] | None:
+    """The caption's speed on each axis (fractions of the side per frame), ``None`` when it names no
+    direction (then neither axis's speed is known)."""
+    if spec.direction is None:
+        return None
+    speed = SPEEDS[spec.speed or "slow"]
+    dx, dy = DIRECTIONS[spec.direction]
+    norm = math.hypot(dx, dy)
+    return abs(dx) / norm * speed, abs(dy) / norm * speed
+
+
+def motion_penalties(
+    track: SoftTrack, axis_speed: torch.Tensor, known: torch.Tensor, lag: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The constant-velocity and the speed penalty of ``track``, each the mean over the (video, frame,
+    axis) entries it judges, in units of the slow speed's travel over ``lag`` frames (squared).
+
+    - constant velocity: the centroid's second difference over ``lag`` frames;
+    - speed: the first difference's magnitude over ``lag`` frames against ``axis_speed`` (B, 2) times
+      ``lag`` (judged where ``known`` (B,) holds: the caption names a direction).
+
+    An entry is judged only where every frame it compares shows an object whose centroid sits
+    farther than its half extent plus ``WALL_MARGIN + lag * FAST`` from both walls of the axis: the
+    farthest an object travels in ``lag`` frames, so no bounce falls between the frames."""
+    c, present, half = track.centroid, track.present, track.half_extent
+    margin = WALL_MARGIN + lag * FAST
+    clear = (c.detach() - half > margin) & (1 - c.detach() - half > margin) & present[..., None]  # (B, T, 2)
+    unit = SLOW * lag
+    zero = c.sum() * 0.0
+    if c.shape[1] > 2 * lag:
+        second = (c[:, 2 * lag :] - 2 * c[:, lag:-lag] + c[:, : -2 * lag]) / unit
+        judged = clear[:, 2 * lag :] & clear[:, lag:-lag] & clear[:, : -2 * lag]
+        constant = (second.square() * judged).sum() / judged.sum().clamp(min=1)
+    else:
+        constant = zero
+    if c.shape[1] > lag:
+        first = (c[:, lag:] - c[:, :-lag]).abs() / unit
+        target = axis_speed[:, None, :].to(c) * lag / unit
+        judged = clear[:, lag:] & clear[:, :-lag] & known[:, None, None].to(clear.device)
+        speed = ((first - target).square() * judged).sum() / judged.sum().clamp(min=1)
+    else:
+        speed = zero
+    return constant, speed
