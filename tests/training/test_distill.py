@@ -577,42 +577,44 @@ def test_correction_term_regresses_the_worlds_continuation_of_the_students_rollo
             _config(tmp_path, teacher_folder, **bad)
 
 
-def test_motion_terms_add_their_gradient_on_the_decoded_rollout(teacher_folder, tmp_path, monkeypatch):
-    """``motion_weight`` / ``motion_speed_weight``: the rollout DMD judges is decoded with its
-    gradient and tracked (:mod:`vidgen.training.motion`); a generator update's gradient is DMD's
-    plus each weight times its term's."""
+def test_decoded_terms_add_their_gradient(teacher_folder, tmp_path, monkeypatch):
+    """``motion_weight`` / ``motion_speed_weight`` / ``frame_weight``: the rollout DMD judges is
+    decoded with its gradient, tracked (:mod:`vidgen.training.motion`) and held to its ideal frames
+    (:mod:`vidgen.training.ideal`); a generator update's gradient is DMD's plus each weight times
+    its term's."""
     from vidgen.training import motion
 
     # a random tiny teacher's frames are noise whose extent spans the frame: no entry would be clear
     # of the walls; without the margin every entry is judged (the terms' own tests judge the margin)
     monkeypatch.setattr(motion, "WALL_MARGIN", -10.0)
     common = dict(stage="self-forcing", sampler="euler", generator_every=1, exit_step="last")
+    weights = {"motion_loss": 2.0, "speed_loss": 3.0, "frame_loss": 0.5}
 
-    def distiller_for(weight: float, speed: float, **more) -> Distiller:
-        config = _config(tmp_path / f"m{weight}_{speed}", teacher_folder, motion_weight=weight,
-                         motion_speed_weight=speed, motion_lag=1, **common, **more)  # fmt: skip
+    def distiller_for(*on: str, **more) -> Distiller:
+        w = {name: (weights[name] if name in on else 0.0) for name in weights}
+        config = _config(tmp_path / "_".join(on or ("none",)), teacher_folder, motion_weight=w["motion_loss"],
+                         motion_speed_weight=w["speed_loss"], frame_weight=w["frame_loss"], motion_lag=1,
+                         **common, **more)  # fmt: skip
         return Distiller(config, _teacher(teacher_folder))
 
-    plain = distiller_for(0.0, 0.0)
-    dmd = _student_grad(plain, plain.self_forcing_step(0)["loss"])
-    held = distiller_for(2.0, 3.0)
-    out = held.self_forcing_step(0)
-    assert set(out) >= {"motion_loss", "speed_loss"}
-    both = _student_grad(held, out["loss"])
-    # the same rollout again, each term alone
-    again = distiller_for(2.0, 3.0)
-    video = again.self_forcing_step(0)
-    constant, speed = video["motion_loss"], video["speed_loss"]
-    assert float(constant.detach()) > 0 and float(speed.detach()) > 0  # noise does not move straight
-    alone_c = _student_grad(again, constant)
-    third = distiller_for(2.0, 3.0)
-    alone_s = _student_grad(third, third.self_forcing_step(0)["speed_loss"])
-    assert alone_c.abs().max() > 0 and alone_s.abs().max() > 0
-    torch.testing.assert_close(both, dmd + 2.0 * alone_c + 3.0 * alone_s, atol=1e-5, rtol=1e-4)
+    plain = distiller_for()
+    expected = _student_grad(plain, plain.self_forcing_step(0)["loss"])
+    for name, weight in weights.items():
+        # each term alone, on the same rollout (the step's seed fixes it)
+        held = distiller_for(name)
+        term = held.self_forcing_step(0)[name]
+        assert float(term.detach()) > 0  # noise does not move straight nor look like a shape
+        alone = _student_grad(held, term)
+        assert alone.abs().max() > 0
+        expected = expected + weight * alone
+    full = distiller_for(*weights)
+    out = full.self_forcing_step(0)
+    assert set(out) >= set(weights)
+    torch.testing.assert_close(_student_grad(full, out["loss"]), expected, atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match="--prompts"):
         prompts = tmp_path / "prompts.txt"
         prompts.write_text(PROMPT + "\n")
-        distiller_for(1.0, 0.0, prompts=str(prompts))
-    for bad in (dict(motion_weight=-1.0), dict(motion_speed_weight=-1.0), dict(motion_lag=0)):
-        with pytest.raises(ValueError, match=next(iter(bad))):
-            _config(tmp_path, teacher_folder, **bad)
+        distiller_for("frame_loss", prompts=str(prompts))
+    for bad in ("motion_weight", "motion_speed_weight", "frame_weight", "motion_lag"):
+        with pytest.raises(ValueError, match=bad):
+            _config(tmp_path, teacher_folder, **{bad: -1.0 if bad != "motion_lag" else 0})

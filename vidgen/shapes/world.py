@@ -376,6 +376,17 @@ def retrace(clip: Clip, centers: np.ndarray) -> Clip:
     return dataclasses.replace(clip, frames=frames, masks=masks, centers=centers, velocity=velocity)
 
 
+def draw_path(
+    scene: Scene, centers: np.ndarray, size: int, *, side: float | None = None, supersample: int = 8
+) -> tuple[np.ndarray, np.ndarray]:
+    """``scene``'s object drawn at ``centers`` (T, 2), fractions of S: frames (T, S, S, 3) uint8 and
+    coverage masks (T, S, S). ``side`` draws it with that bounding-box side (a fraction of S)
+    instead of its size's."""
+    centers = np.asarray(centers, dtype=np.float64).reshape(-1, 2)
+    scale = 1.0 if side is None else side / scene.side
+    return _draw((scene,), np.zeros(len(centers), dtype=np.int64), centers, size, supersample, scale)
+
+
 def trajectory(scene: Scene, num_frames: int, start: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
     """The centres and velocities (T, 2) of ``scene``'s object over ``num_frames`` frames from
     ``start``: the path ``render_clip`` draws, without drawing it."""

@@ -416,6 +416,13 @@ class DistillTrainConfig:
     buy by slowing the object (0: none)."""
     motion_lag: int = 2
     """Frames between the positions the motion terms compare (the decoder's frames, 16 a second)."""
+    frame_weight: float = 0.0
+    """Self-forcing: weight of the frame term on the same decoded rollout: each frame's squared
+    distance from its ideal, the caption's object (colour, shape, the named size or the area shown)
+    drawn on the caption's background where the soft centroid puts it, per pixel of the object's
+    area (:mod:`vidgen.training.ideal`). It pulls a blob of the wrong shape, a second object or a
+    tinted background toward what the evaluator's frame rules 1-5 accept, without moving the path
+    (0: none; needs Shapes World captions)."""
     dmd_sigma_min: float = 0.02
     dmd_sigma_max: float = 0.98
     """Range of the (shifted) noise levels at which the score models judge a rollout."""
@@ -472,7 +479,7 @@ class DistillTrainConfig:
             raise ValueError(f"correction_weight must be >= 0, got {self.correction_weight}")
         if self.correction_chunks < 1:
             raise ValueError(f"correction_chunks must be >= 1, got {self.correction_chunks}")
-        for name in ("motion_weight", "motion_speed_weight"):
+        for name in ("motion_weight", "motion_speed_weight", "frame_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.motion_lag < 1:

@@ -28,7 +28,9 @@ the distribution matching moves it. With ``data_weight`` it also takes the flow-
 Shapes World clips rendered on the fly (captioned, encoded by the teacher's autoencoder): that holds
 it to the data instead. With ``motion_weight`` / ``motion_speed_weight`` the rollout is decoded with
 its gradient and the object's soft centroid is held to Shapes World's physics away from the walls:
-constant velocity, the caption's speed (:mod:`vidgen.training.motion`). Otherwise no data is
+constant velocity, the caption's speed (:mod:`vidgen.training.motion`); with ``frame_weight`` each
+decoded frame is pulled toward the caption's object drawn where the student put it
+(:mod:`vidgen.training.ideal`). Otherwise no data is
 needed: prompts come from Shapes World's captions or from a text file.
 """
 
@@ -53,7 +55,7 @@ from vidgen.shapes import captions, world
 from vidgen.shapes.correction import continuation
 from vidgen.shapes.prompts import PromptSpec, parse_prompt
 from vidgen.shapes.world import Clip
-from vidgen.training import motion
+from vidgen.training import ideal, motion
 from vidgen.training.checkpoint import as_float, load_transformer
 from vidgen.training.configs import DistillTrainConfig
 from vidgen.training.data import clips_to_tensor
@@ -217,7 +219,7 @@ class Distiller:
         self.correction_rollout = Rollout(
             self.pipe_config, self.latent_hw, self.student_schedule, autocast=self.autocast
         )
-        terms = ("data_weight", "correction_weight", "motion_weight", "motion_speed_weight")
+        terms = ("data_weight", "correction_weight", "motion_weight", "motion_speed_weight", "frame_weight")
         used = [name for name in terms if getattr(config, name) > 0]
         if used:
             term = used[0]
@@ -531,12 +533,15 @@ class Distiller:
         err = (v - (noise - target)).square().mean(dim=(1, 2, 3, 4))  # (B,)
         return (err * valid).sum() / valid.sum().clamp(min=1)
 
-    # ---------------------------------------------------------------- motion terms
-    def motion_losses(self, video: torch.Tensor, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The constant-velocity and speed penalties (:func:`vidgen.training.motion.motion_penalties`)
-        of the rollout ``video`` (B, C, F, h, w) normalised, decoded with its gradient; a caption
-        the parser cannot read leaves both terms."""
+    # ---------------------------------------------------------------- terms on the decoded rollout
+    def decoded_losses(self, video: torch.Tensor, texts: list[str]) -> dict[str, torch.Tensor]:
+        """The rollout ``video`` (B, C, F, h, w) normalised, decoded with its gradient and measured
+        against its captions: ``motion_loss`` and ``speed_loss`` (:func:`vidgen.training.motion.
+        motion_penalties`) with ``motion_weight`` / ``motion_speed_weight``, ``frame_loss``
+        (:func:`vidgen.training.ideal.frame_penalty`) with ``frame_weight``. A caption the parser
+        cannot read leaves the terms."""
         assert self.vae is not None, "no autoencoder loaded"
+        c = self.config
         specs, readable = [], []
         for text in texts:
             try:
@@ -550,10 +555,17 @@ class Distiller:
         track = motion.soft_track(pixels, motion.background_colors(specs, self.device))
         ok = torch.tensor(readable, device=self.device)
         track.present &= ok[:, None]
-        speeds = [motion.named_axis_speed(spec) for spec in specs]
-        axis_speed = torch.tensor([s or (0.0, 0.0) for s in speeds], device=self.device)
-        known = torch.tensor([s is not None for s in speeds], device=self.device) & ok
-        return motion.motion_penalties(track, axis_speed, known, self.config.motion_lag)
+        out: dict[str, torch.Tensor] = {}
+        if c.motion_weight > 0 or c.motion_speed_weight > 0:
+            speeds = [motion.named_axis_speed(spec) for spec in specs]
+            axis_speed = torch.tensor([s or (0.0, 0.0) for s in speeds], device=self.device)
+            known = torch.tensor([s is not None for s in speeds], device=self.device) & ok
+            out["motion_loss"], out["speed_loss"] = motion.motion_penalties(
+                track, axis_speed, known, c.motion_lag
+            )
+        if c.frame_weight > 0:
+            out["frame_loss"] = ideal.frame_penalty(pixels, specs, track, track.present)
+        return out
 
     # ---------------------------------------------------------------- self-forcing stage
     def exit_steps(self, rng: np.random.Generator) -> list[int]:
@@ -570,7 +582,8 @@ class Distiller:
         """One fake-score update, and every ``generator_every``-th step a generator update: DMD on
         the student's rollout, plus ``regression_weight`` times the ODE regression on ``pool`` and
         ``data_weight`` times the flow-matching loss on rendered clips, and the motion terms
-        (``motion_weight``, ``motion_speed_weight``) on the rollout decoded."""
+        (``motion_weight``, ``motion_speed_weight``) and the frame term (``frame_weight``) on the
+        rollout decoded."""
         c = self.config
         rng = np.random.default_rng([c.seed, step])
         generator = torch.Generator().manual_seed(c.seed * 1_000_003 + step)
@@ -624,9 +637,16 @@ class Distiller:
             if c.correction_weight > 0:
                 out["correction_loss"] = self.correction_loss(step)
                 loss = loss + c.correction_weight * out["correction_loss"]
-            if c.motion_weight > 0 or c.motion_speed_weight > 0:
-                out["motion_loss"], out["speed_loss"] = self.motion_losses(video, prompts)
-                loss = loss + c.motion_weight * out["motion_loss"] + c.motion_speed_weight * out["speed_loss"]
+            if c.motion_weight > 0 or c.motion_speed_weight > 0 or c.frame_weight > 0:
+                decoded = self.decoded_losses(video, prompts)
+                out.update(decoded)
+                for name, weight in (
+                    ("motion_loss", c.motion_weight),
+                    ("speed_loss", c.motion_speed_weight),
+                    ("frame_loss", c.frame_weight),
+                ):
+                    if name in decoded:
+                        loss = loss + weight * decoded[name]
         sigma = sample_sigmas(batch, c.rollout_chunks, chunk_frames, c, self.shift, generator)
         noise = torch.randn(video.shape, generator=generator).to(self.device)
         out["critic_loss"] = flow_matching_loss(
