@@ -58,7 +58,9 @@ def test_a_rendered_frame_is_its_own_ideal(shape, named_size):
     assert float(_penalty(frames, _spec(scene, named_size))) < (0.003 if named_size else 0.02)
 
 
-@pytest.mark.parametrize("shape, other", [("circle", "square"), ("square", "triangle"), ("triangle", "circle")])
+@pytest.mark.parametrize(
+    "shape, other", [("circle", "square"), ("square", "triangle"), ("triangle", "circle")]
+)
 def test_a_wrong_shape_costs_the_mismatched_area_times_the_contrast(shape, other):
     scene = world.Scene("black", "red", shape, "large", "slow", "left")
     frames = _frames(scene)
