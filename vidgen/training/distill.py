@@ -225,7 +225,7 @@ class Distiller:
             term = used[0]
             if config.prompts:
                 raise DistillSetupError(
-                    f"{term} renders Shapes World clips with their own captions: leave out --prompts"
+                    f"{term} works on Shapes World clips and captions: leave out --prompts"
                 )
             if g.height != g.width:
                 raise DistillSetupError(f"{term} renders square Shapes World clips, not {g.height}x{g.width}")
