@@ -11,7 +11,6 @@ far enough from every wall that no true bounce can fall inside the frames compar
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -74,9 +73,8 @@ def named_axis_speed(spec: PromptSpec) -> tuple[float, float] | None:
     if spec.direction is None:
         return None
     speed = SPEEDS[spec.speed or "slow"]
-    dx, dy = DIRECTIONS[spec.direction]
-    norm = math.hypot(dx, dy)
-    return abs(dx) / norm * speed, abs(dy) / norm * speed
+    dx, dy = DIRECTIONS[spec.direction]  # unit vectors
+    return abs(dx) * speed, abs(dy) * speed
 
 
 def motion_penalties(
