@@ -618,3 +618,84 @@ def test_decoded_terms_add_their_gradient(teacher_folder, tmp_path, monkeypatch)
     for bad in ("motion_weight", "motion_speed_weight", "frame_weight", "motion_lag"):
         with pytest.raises(ValueError, match=bad):
             _config(tmp_path, teacher_folder, **{bad: -1.0 if bad != "motion_lag" else 0})
+
+
+def test_decoded_prefix_judges_later_chunks_of_the_students_rollout(teacher_folder, tmp_path):
+    """``decoded_prefix_chunks``: the decoded terms judge the chunks after a prefix the student makes
+    as the pipeline does. The later rollout's chunks are the pipeline's (every step, past the point
+    where the window slides), the gradient reaches them and not the prefix, they decode exactly as
+    the whole rollout decodes with a decoder that reads the latent frame before, and a generator
+    update's decoded term is the one on that rollout."""
+    from vidgen.models.autoencoder import AutoencoderKLLite
+    from vidgen.pipelines.vae_stream import frames_of_latents, latent_stats
+
+    common = dict(stage="self-forcing", sampler="euler", generator_every=1, exit_step="last")
+    config = _config(tmp_path / "later", teacher_folder, frame_weight=1.0, decoded_prefix_chunks=4, **common)
+    distiller = Distiller(config, _teacher(teacher_folder))
+    student, chunk = distiller.student, distiller.rollout.chunk_frames
+    text = distiller.embed([PROMPT, "a blue square moving up on a white background"])
+    last = distiller.student_schedule.num_steps - 1
+    prefix = 3  # 5 chunks of 2 latent frames: past the tiny cache's sinks (2) + window (4)
+    with torch.no_grad():
+        whole, _ = distiller.rollout.run(
+            student, conditioning(student, text), distiller.later_noises(7, prefix)
+        )
+    window, first, before = distiller.later_rollout(7, conditioning(student, text), [last, last], prefix)
+    assert first == prefix * chunk and before is not None and not before.requires_grad
+    torch.testing.assert_close(window.detach(), whole[:, :, first:], atol=1e-5, rtol=0)
+    torch.testing.assert_close(before, whole[:, :, first - 1 : first], atol=1e-5, rtol=0)
+    # another prefix is another rollout: the comparison can fail
+    other, _, _ = distiller.later_rollout(7, conditioning(student, text), [last, last], prefix - 1)
+    assert (other.detach() - window.detach()).abs().max() > 1e-3
+    # the gradient is the graded chunks': the loss on the window moves the student
+    assert _student_grad(distiller, window.square().mean()).abs().max() > 0
+
+    # decoding from a later frame with the frame before: the whole rollout's frames, exactly
+    torch.manual_seed(0)
+    distiller.vae = AutoencoderKLLite(
+        z_dim=4, hidden_channels=16, encoder_blocks=1, decoder_blocks=1, refine_channels=8, decoder_context=1
+    ).eval()
+    distiller.latent_mean, distiller.latent_std = latent_stats(distiller.vae)
+    with torch.no_grad():
+        full = distiller.decode(whole)
+        part = distiller.decode(whole[:, :, first:], first, whole[:, :, first - 1 : first])
+        start, end = frames_of_latents(first, whole.shape[2] - first, distiller.temporal)
+        torch.testing.assert_close(part, full[:, :, start:end], atol=1e-5, rtol=0)
+        # without the frame before, the context decoder draws other frames
+        blind = distiller.decode(whole[:, :, first:], first, torch.zeros_like(whole[:, :, :1]))
+        assert (blind - full[:, :, start:end]).abs().max() > 1e-3
+
+    # a generator update's frame term is the one on the later rollout of the prefix it draws
+    fresh = Distiller(
+        _config(tmp_path / "fresh", teacher_folder, frame_weight=1.0, decoded_prefix_chunks=4, **common),
+        _teacher(teacher_folder),
+    )
+    out = fresh.self_forcing_step(7)
+    rng = np.random.default_rng([config.seed, 7])  # the step's draws: prompts, exits, then the prefix
+    prompts = fresh.prompts.sample(rng, config.batch_size)
+    fresh.exit_steps(rng)
+    drawn = int(rng.integers(0, config.decoded_prefix_chunks + 1))
+    with torch.no_grad():
+        cond = conditioning(fresh.student, fresh.embed(prompts))
+        late, at, before = fresh.later_rollout(7, cond, [last, last], drawn)
+        again = fresh.decoded_losses(late, prompts, at, before)["frame_loss"]
+        from_start = fresh.decoded_losses(fresh.later_rollout(7, cond, [last, last], 0)[0], prompts)[
+            "frame_loss"
+        ]
+    torch.testing.assert_close(out["frame_loss"].detach(), again, atol=1e-5, rtol=1e-4)
+    assert drawn > 0 and abs(float(again) - float(from_start)) > 1e-4 * float(again)
+    for bad, match in (
+        (dict(decoded_prefix_chunks=-1), "decoded_prefix_chunks"),
+        (dict(decoded_prefix_chunks=2), "--frame-weight"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            _config(tmp_path, teacher_folder, **bad)
+    with pytest.raises(ValueError, match="rollout_chunks=1"):
+        _config(
+            tmp_path / "ckpt",
+            teacher_folder,
+            frame_weight=1.0,
+            decoded_prefix_chunks=2,
+            gradient_checkpointing=True,
+            **common,
+        )

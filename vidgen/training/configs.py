@@ -423,6 +423,15 @@ class DistillTrainConfig:
     area (:mod:`vidgen.training.ideal`). It pulls a blob of the wrong shape, a second object or a
     tinted background toward what the evaluator's frame rules 1-5 accept, without moving the path
     (0: none; needs Shapes World captions)."""
+    decoded_prefix_chunks: int = 0
+    """Self-forcing: how far into the video the decoded terms (motion, speed, frame) judge. Each
+    generator update draws a prefix of 0 to this many chunks, which the student makes first as the
+    pipeline does (every step, no gradient, into its cache); the terms then judge the next
+    ``rollout_chunks`` chunks, made with the gradient at the exit steps, decoded with the latent
+    frame before them as the streaming decoder reads it. DMD and the data term keep their rollout
+    from the video's start. A 2-chunk rollout from the start shows the terms the first 13 frames;
+    the evaluator judges 10 s and 10 minutes (0: the terms judge DMD's rollout; needs an
+    autoencoder that decodes from a latent frame, as the default model's does)."""
     dmd_sigma_min: float = 0.02
     dmd_sigma_max: float = 0.98
     """Range of the (shifted) noise levels at which the score models judge a rollout."""
@@ -482,6 +491,19 @@ class DistillTrainConfig:
         for name in ("motion_weight", "motion_speed_weight", "frame_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.decoded_prefix_chunks < 0:
+            raise ValueError(f"decoded_prefix_chunks must be >= 0, got {self.decoded_prefix_chunks}")
+        if self.decoded_prefix_chunks and not (
+            self.motion_weight or self.motion_speed_weight or self.frame_weight
+        ):
+            raise ValueError(
+                "decoded_prefix_chunks moves the decoded terms: set --motion-weight, "
+                "--motion-speed-weight or --frame-weight"
+            )
+        if self.decoded_prefix_chunks and self.gradient_checkpointing and self.rollout_chunks > 1:
+            # behind a prefix the window is full: each graded chunk's write evicts frames the one
+            # before it read, which the backward's recomputation reads again
+            raise ValueError("decoded_prefix_chunks with gradient_checkpointing needs rollout_chunks=1")
         if self.motion_lag < 1:
             raise ValueError(f"motion_lag must be >= 1, got {self.motion_lag}")
         if self.data_object_weight < 0:

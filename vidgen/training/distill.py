@@ -219,6 +219,10 @@ class Distiller:
         self.correction_rollout = Rollout(
             self.pipe_config, self.latent_hw, self.student_schedule, autocast=self.autocast
         )
+        # and the decoded terms' later rollout (decoded_prefix_chunks) likewise
+        self.later_rollouts = Rollout(
+            self.pipe_config, self.latent_hw, self.student_schedule, autocast=self.autocast
+        )
         terms = ("data_weight", "correction_weight", "motion_weight", "motion_speed_weight", "frame_weight")
         used = [name for name in terms if getattr(config, name) > 0]
         if used:
@@ -233,6 +237,11 @@ class Distiller:
             self.vae = self.vae.to(self.device).float().eval().requires_grad_(False)
             self.latent_mean, self.latent_std = (t.to(self.device) for t in latent_stats(self.vae))
             self.temporal = int(getattr(self.vae.config, "scale_factor_temporal", 4) or 4)
+            if config.decoded_prefix_chunks and not hasattr(self.vae, "decode_unclamped"):
+                raise DistillSetupError(
+                    f"decoded_prefix_chunks decodes from a later latent frame, which "
+                    f"{type(self.vae).__name__} does not; use 0"
+                )
 
     @property
     def student(self) -> CausalWanTransformer:
@@ -534,12 +543,33 @@ class Distiller:
         return (err * valid).sum() / valid.sum().clamp(min=1)
 
     # ---------------------------------------------------------------- terms on the decoded rollout
-    def decoded_losses(self, video: torch.Tensor, texts: list[str]) -> dict[str, torch.Tensor]:
+    def decode(
+        self, video: torch.Tensor, first_latent: int = 0, previous: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Normalised latents (B, C, F, h, w), latent frames ``first_latent ..`` of a rollout, decoded
+        with their gradient to (B, 3, T, S, S) in [-1, 1]; from a later frame the decoder reads
+        ``previous``, the latent frame before them, as the streaming decoder does."""
+        assert self.vae is not None, "no autoencoder loaded"
+        z = video.float() * self.latent_std + self.latent_mean
+        if not first_latent:
+            return self.vae.decode(z).sample
+        assert previous is not None, "decoding from a later latent frame needs the frame before it"
+        before = previous.float() * self.latent_std + self.latent_mean
+        return self.vae.decode(z, first_latent_index=first_latent, previous=before).sample
+
+    def decoded_losses(
+        self,
+        video: torch.Tensor,
+        texts: list[str],
+        first_latent: int = 0,
+        previous: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
         """The rollout ``video`` (B, C, F, h, w) normalised, decoded with its gradient and measured
         against its captions: ``motion_loss`` and ``speed_loss`` (:func:`vidgen.training.motion.
         motion_penalties`) with ``motion_weight`` / ``motion_speed_weight``, ``frame_loss``
         (:func:`vidgen.training.ideal.frame_penalty`) with ``frame_weight``. A caption the parser
-        cannot read leaves the terms."""
+        cannot read leaves the terms. ``video`` starts at latent frame ``first_latent`` of its
+        rollout; ``previous`` (normalised) is the latent frame before it."""
         assert self.vae is not None, "no autoencoder loaded"
         c = self.config
         specs, readable = [], []
@@ -550,8 +580,7 @@ class Distiller:
             except ValueError:
                 specs.append(PromptSpec(color="red", shape="circle", background="black"))
                 readable.append(False)
-        z = video.float() * self.latent_std + self.latent_mean
-        pixels = self.vae.decode(z).sample  # (B, 3, T, S, S) in [-1, 1]
+        pixels = self.decode(video, first_latent, previous)
         track = motion.soft_track(pixels, motion.background_colors(specs, self.device))
         ok = torch.tensor(readable, device=self.device)
         track.present &= ok[:, None]
@@ -568,6 +597,40 @@ class Distiller:
         return out
 
     # ---------------------------------------------------------------- self-forcing stage
+    def later_noises(self, step: int, prefix: int) -> list[torch.Tensor]:
+        """The later rollout's chunk noises at ``step``: ``prefix + rollout_chunks`` of them."""
+        c = self.config
+        generator = torch.Generator().manual_seed(c.seed * 1_000_033 + step)
+        return [
+            torch.randn((c.batch_size, *self.chunk_shape), generator=generator).to(self.device)
+            for _ in range(prefix + c.rollout_chunks)
+        ]
+
+    def later_rollout(
+        self, step: int, cond, exits: list[int], prefix: int
+    ) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+        """The decoded terms' rollout (``decoded_prefix_chunks``): ``prefix`` chunks made as the
+        pipeline makes them, without gradient, then ``rollout_chunks`` chunks with the gradient at
+        ``exits``. Returns those chunks (B, C, F, h, w), their first latent frame's index in the
+        rollout and the latent frame before it (None when the prefix is empty)."""
+        c = self.config
+        noises = self.later_noises(step, prefix)
+        step_generator = torch.Generator(self.device).manual_seed(c.seed * 104_729 + step)
+        last = self.student_schedule.num_steps - 1
+        video, _ = self.later_rollouts.run(
+            self.student,
+            cond,
+            noises,
+            [last] * prefix + list(exits),
+            grad=True,
+            grad_from=prefix,
+            step_generators=[step_generator] * len(noises),
+            write_generators=[step_generator] * len(noises),
+        )
+        first = prefix * self.later_rollouts.chunk_frames
+        before = video[:, :, first - 1 : first].detach() if prefix else None
+        return video[:, :, first:], first, before
+
     def exit_steps(self, rng: np.random.Generator) -> list[int]:
         c = self.config
         if c.exit_step == "last":
@@ -638,7 +701,12 @@ class Distiller:
                 out["correction_loss"] = self.correction_loss(step)
                 loss = loss + c.correction_weight * out["correction_loss"]
             if c.motion_weight > 0 or c.motion_speed_weight > 0 or c.frame_weight > 0:
-                decoded = self.decoded_losses(video, prompts)
+                if c.decoded_prefix_chunks:
+                    prefix = int(rng.integers(0, c.decoded_prefix_chunks + 1))
+                    window, first, before = self.later_rollout(step, cond, exits, prefix)
+                    decoded = self.decoded_losses(window, prompts, first, before)
+                else:
+                    decoded = self.decoded_losses(video, prompts)
                 out.update(decoded)
                 for name, weight in (
                     ("motion_loss", c.motion_weight),

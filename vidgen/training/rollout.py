@@ -87,12 +87,14 @@ class Rollout:
         write_generators: Sequence[torch.Generator | None] | None = None,
         record: Sequence[int] = (),
         write_last: bool = False,
+        grad_from: int = 0,
     ) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
         """Make ``len(noises)`` chunks from their noise (B, C, chunk_frames, h, w).
 
         ``exits[i]``: the step at which chunk i stops, its output being the clean estimate there
         (None: every chunk runs all steps, as the pipeline does); with ``grad`` that step keeps its
-        graph. ``record``: step indices whose input latents are returned, per chunk.
+        graph, from chunk ``grad_from`` on (the chunks before it make context without one).
+        ``record``: step indices whose input latents are returned, per chunk.
         ``write_last``: write the last chunk to the cache too, as the pipeline does before the next
         chunk (``last_cache`` then holds the whole rollout as context for one).
         Returns the video (B, C, F, h, w) and the recorded latents.
@@ -119,7 +121,7 @@ class Rollout:
                 if index in record:
                     levels.append(x)
                 level = torch.full((batch, x.shape[2]), sigmas[index], device=x.device)
-                keep = grad and index == exit_step
+                keep = grad and i >= grad_from and index == exit_step
                 with torch.set_grad_enabled(keep):
                     reads = reading_view(cache) if keep else cache
                     velocity = denoiser.predict(x, level, conditioning, reads, offset)
