@@ -578,23 +578,23 @@ def test_correction_term_regresses_the_worlds_continuation_of_the_students_rollo
 
 
 def test_decoded_terms_add_their_gradient(teacher_folder, tmp_path, monkeypatch):
-    """``motion_weight`` / ``motion_speed_weight`` / ``frame_weight``: the rollout DMD judges is
-    decoded with its gradient, tracked (:mod:`vidgen.training.motion`) and held to its ideal frames
-    (:mod:`vidgen.training.ideal`); a generator update's gradient is DMD's plus each weight times
-    its term's."""
+    """``motion_weight`` / ``motion_speed_weight`` / ``motion_still_weight`` / ``frame_weight``: the
+    rollout DMD judges is decoded with its gradient, tracked (:mod:`vidgen.training.motion`) and
+    held to its ideal frames (:mod:`vidgen.training.ideal`); a generator update's gradient is DMD's
+    plus each weight times its term's."""
     from vidgen.training import motion
 
     # a random tiny teacher's frames are noise whose extent spans the frame: no entry would be clear
     # of the walls; without the margin every entry is judged (the terms' own tests judge the margin)
     monkeypatch.setattr(motion, "WALL_MARGIN", -10.0)
     common = dict(stage="self-forcing", sampler="euler", generator_every=1, exit_step="last")
-    weights = {"motion_loss": 2.0, "speed_loss": 3.0, "frame_loss": 0.5}
+    weights = {"motion_loss": 2.0, "speed_loss": 3.0, "still_loss": 1.5, "frame_loss": 0.5}
 
     def distiller_for(*on: str, **more) -> Distiller:
         w = {name: (weights[name] if name in on else 0.0) for name in weights}
         config = _config(tmp_path / "_".join(on or ("none",)), teacher_folder, motion_weight=w["motion_loss"],
-                         motion_speed_weight=w["speed_loss"], frame_weight=w["frame_loss"], motion_lag=1,
-                         **common, **more)  # fmt: skip
+                         motion_speed_weight=w["speed_loss"], motion_still_weight=w["still_loss"],
+                         frame_weight=w["frame_loss"], motion_lag=1, **common, **more)  # fmt: skip
         return Distiller(config, _teacher(teacher_folder))
 
     plain = distiller_for()
@@ -615,7 +615,7 @@ def test_decoded_terms_add_their_gradient(teacher_folder, tmp_path, monkeypatch)
         prompts = tmp_path / "prompts.txt"
         prompts.write_text(PROMPT + "\n")
         distiller_for("frame_loss", prompts=str(prompts))
-    for bad in ("motion_weight", "motion_speed_weight", "frame_weight", "motion_lag"):
+    for bad in ("motion_weight", "motion_speed_weight", "motion_still_weight", "frame_weight", "motion_lag"):
         with pytest.raises(ValueError, match=bad):
             _config(tmp_path, teacher_folder, **{bad: -1.0 if bad != "motion_lag" else 0})
 

@@ -115,3 +115,32 @@ def test_named_axis_speed():
     fast = motion.named_axis_speed(PromptSpec("red", "circle", "black", speed="fast", direction="up-right"))
     assert fast == pytest.approx((0.025 / math.sqrt(2),) * 2)
     assert motion.named_axis_speed(PromptSpec("red", "circle", "black")) is None
+
+
+def test_the_still_term_judges_a_sideways_wobble():
+    """``still_penalty``: on the axis a caption leaves still, the 5-frame average displacement in
+    units of rule 8's 0.002 S a frame, beyond half of it, squared; straight motion costs nothing,
+    and a wobble costs exactly that on the still axis only."""
+    assert motion.still_axes(PromptSpec("red", "square", "black", direction="right")) == (False, True)
+    assert motion.still_axes(PromptSpec("red", "square", "black", direction="up")) == (True, False)
+    assert motion.still_axes(PromptSpec("red", "square", "black", direction="up-left")) == (False, False)
+    assert motion.still_axes(PromptSpec("red", "square", "black")) == (False, False)
+    scene = world.Scene("black", "red", "square", "small", "slow", "right")
+    clip = _clip(scene, 16, (0.3, 0.5))
+    track = _track(clip.frames, "black")
+    y_still = torch.tensor([[False, True]])
+    assert float(motion.still_penalty(track, y_still)) < 1e-6  # rendered on its line: no sideways motion
+    # the same clip wobbling sideways by whole pixels (the object stays clear of the edges)
+    rows = np.array([0, 0, 1, 1, 2, 2, 3, 3, 2, 2, 1, 1, 0, 0, -1, -1])
+    wobble = np.stack([np.roll(frame, shift, axis=0) for frame, shift in zip(clip.frames, rows)])
+    track = _track(wobble, "black")
+    average = (rows[5:] - rows[:-5]) / SIZE / (5 * 0.002)
+    expected = np.mean(np.maximum(np.abs(average) - 0.5, 0.0) ** 2)
+    assert expected > 0.5
+    assert float(motion.still_penalty(track, y_still)) == pytest.approx(expected, rel=1e-3)
+    # marked still, x (moving at the slow speed) would cost (0.01 / 0.002 - 0.5)^2; unmarked, nothing
+    moving = (world.SPEEDS["slow"] / 0.002 - 0.5) ** 2
+    assert float(motion.still_penalty(track, torch.tensor([[True, False]]))) == pytest.approx(
+        moving, rel=0.03
+    )
+    assert float(motion.still_penalty(track, torch.tensor([[False, False]]))) == 0.0

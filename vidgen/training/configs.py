@@ -414,6 +414,12 @@ class DistillTrainConfig:
     against the caption's (its direction and speed word; captions naming no direction are not
     judged), where no wall is near. It holds the motion the constant-velocity term could otherwise
     buy by slowing the object (0: none)."""
+    motion_still_weight: float = 0.0
+    """Self-forcing: weight of the still term on the same track: on the axis an axis-aligned caption
+    leaves still, the centroid's 5-frame average displacement beyond half of rule 8's 0.002 S a frame,
+    squared, in units of it (:func:`vidgen.training.motion.still_penalty`). Rule 8 fails a sideways
+    wobble that crosses that threshold both ways; the speed term's target there is 0 too, but in
+    units of the slow speed (5x the threshold) it barely sees one (0: none)."""
     motion_lag: int = 2
     """Frames between the positions the motion terms compare (the decoder's frames, 16 a second)."""
     frame_weight: float = 0.0
@@ -461,6 +467,19 @@ class DistillTrainConfig:
     threads: int = 0
     """torch threads (0: leave torch's default)."""
 
+    @property
+    def decoded_terms(self) -> bool:
+        """Whether a term judges the decoded rollout (motion, speed, still, frame)."""
+        return any(
+            w > 0
+            for w in (
+                self.motion_weight,
+                self.motion_speed_weight,
+                self.motion_still_weight,
+                self.frame_weight,
+            )
+        )
+
     def __post_init__(self) -> None:
         if self.stage not in ("ode", "self-forcing"):
             raise ValueError(f"stage={self.stage!r}: use 'ode' or 'self-forcing'")
@@ -488,17 +507,15 @@ class DistillTrainConfig:
             raise ValueError(f"correction_weight must be >= 0, got {self.correction_weight}")
         if self.correction_chunks < 1:
             raise ValueError(f"correction_chunks must be >= 1, got {self.correction_chunks}")
-        for name in ("motion_weight", "motion_speed_weight", "frame_weight"):
+        for name in ("motion_weight", "motion_speed_weight", "motion_still_weight", "frame_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.decoded_prefix_chunks < 0:
             raise ValueError(f"decoded_prefix_chunks must be >= 0, got {self.decoded_prefix_chunks}")
-        if self.decoded_prefix_chunks and not (
-            self.motion_weight or self.motion_speed_weight or self.frame_weight
-        ):
+        if self.decoded_prefix_chunks and not self.decoded_terms:
             raise ValueError(
                 "decoded_prefix_chunks moves the decoded terms: set --motion-weight, "
-                "--motion-speed-weight or --frame-weight"
+                "--motion-speed-weight, --motion-still-weight or --frame-weight"
             )
         if self.decoded_prefix_chunks and self.gradient_checkpointing and self.rollout_chunks > 1:
             # behind a prefix the window is full: each graded chunk's write evicts frames the one

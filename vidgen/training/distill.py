@@ -223,7 +223,14 @@ class Distiller:
         self.later_rollouts = Rollout(
             self.pipe_config, self.latent_hw, self.student_schedule, autocast=self.autocast
         )
-        terms = ("data_weight", "correction_weight", "motion_weight", "motion_speed_weight", "frame_weight")
+        terms = (
+            "data_weight",
+            "correction_weight",
+            "motion_weight",
+            "motion_speed_weight",
+            "motion_still_weight",
+            "frame_weight",
+        )
         used = [name for name in terms if getattr(config, name) > 0]
         if used:
             term = used[0]
@@ -566,7 +573,8 @@ class Distiller:
     ) -> dict[str, torch.Tensor]:
         """The rollout ``video`` (B, C, F, h, w) normalised, decoded with its gradient and measured
         against its captions: ``motion_loss`` and ``speed_loss`` (:func:`vidgen.training.motion.
-        motion_penalties`) with ``motion_weight`` / ``motion_speed_weight``, ``frame_loss``
+        motion_penalties`) with ``motion_weight`` / ``motion_speed_weight``, ``still_loss``
+        (:func:`vidgen.training.motion.still_penalty`) with ``motion_still_weight``, ``frame_loss``
         (:func:`vidgen.training.ideal.frame_penalty`) with ``frame_weight``. A caption the parser
         cannot read leaves the terms. ``video`` starts at latent frame ``first_latent`` of its
         rollout; ``previous`` (normalised) is the latent frame before it."""
@@ -592,6 +600,9 @@ class Distiller:
             out["motion_loss"], out["speed_loss"] = motion.motion_penalties(
                 track, axis_speed, known, c.motion_lag
             )
+        if c.motion_still_weight > 0:
+            still = torch.tensor([motion.still_axes(spec) for spec in specs], device=self.device)
+            out["still_loss"] = motion.still_penalty(track, still)
         if c.frame_weight > 0:
             out["frame_loss"] = ideal.frame_penalty(pixels, specs, track, track.present)
         return out
@@ -700,7 +711,7 @@ class Distiller:
             if c.correction_weight > 0:
                 out["correction_loss"] = self.correction_loss(step)
                 loss = loss + c.correction_weight * out["correction_loss"]
-            if c.motion_weight > 0 or c.motion_speed_weight > 0 or c.frame_weight > 0:
+            if c.decoded_terms:
                 if c.decoded_prefix_chunks:
                     prefix = int(rng.integers(0, c.decoded_prefix_chunks + 1))
                     window, first, before = self.later_rollout(step, cond, exits, prefix)
@@ -711,6 +722,7 @@ class Distiller:
                 for name, weight in (
                     ("motion_loss", c.motion_weight),
                     ("speed_loss", c.motion_speed_weight),
+                    ("still_loss", c.motion_still_weight),
                     ("frame_loss", c.frame_weight),
                 ):
                     if name in decoded:

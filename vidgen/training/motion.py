@@ -7,7 +7,9 @@ Shapes World objects move at constant velocity except where they bounce off a wa
 is a soft weight on every pixel, its distance from the caption's background colour beyond a noise
 floor, and the position is that weight's centroid. Away from the walls its second difference
 should be zero and its speed on each axis the caption's; both are penalised where the centroid is
-far enough from every wall that no true bounce can fall inside the frames compared."""
+far enough from every wall that no true bounce can fall inside the frames compared. On the axis an
+axis-aligned caption leaves still, rule 8 fails any sideways wobble whose 5-frame average exceeds
+0.002 S a frame both ways: the still term holds that average under half of it."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vidgen.shapes.motion import WALL_MARGIN
+from vidgen.shapes.motion import MOVING_AVERAGE, STILL, WALL_MARGIN
 from vidgen.shapes.prompts import PromptSpec
 from vidgen.shapes.world import BACKGROUNDS, DIRECTIONS, SPEEDS
 
@@ -109,3 +111,33 @@ def motion_penalties(
     else:
         speed = zero
     return constant, speed
+
+
+def still_axes(spec: PromptSpec) -> tuple[bool, bool]:
+    """The axes the caption's direction leaves still (right: y; down-left: neither; none named:
+    neither, the object's own heading is not known)."""
+    if spec.direction is None:
+        return False, False
+    dx, dy = DIRECTIONS[spec.direction]
+    return dx == 0, dy == 0
+
+
+STILL_FREE = 0.5
+"""The still term's free band: a 5-frame average under this share of rule 8's 0.002 S a frame costs
+nothing (the soft centroid is not the evaluator's hard-mask one: the margin covers the difference)."""
+
+
+def still_penalty(track: SoftTrack, still: torch.Tensor) -> torch.Tensor:
+    """Rule 8 on a still axis: the centroid's 5-frame average displacement ``(c[t+5] - c[t]) / 5``
+    in units of the rule's 0.002 S a frame, beyond :data:`STILL_FREE` of it, squared; the mean over
+    the (video, frame, axis) entries where ``still`` (B, 2) marks the axis and both frames show the
+    object. An object that stays on its line costs nothing; one that drifts sideways at 0.009 S a
+    frame (the shipped student's, traced) costs (4.5 - 0.5)^2 = 16 an entry."""
+    c, present = track.centroid, track.present
+    n = MOVING_AVERAGE
+    if c.shape[1] <= n:
+        return c.sum() * 0.0
+    average = (c[:, n:] - c[:, :-n]) / (n * STILL)  # (B, T - n, 2)
+    judged = still[:, None, :].to(present.device) & (present[:, n:] & present[:, :-n])[..., None]
+    excess = torch.relu(average.abs() - STILL_FREE)
+    return (excess.square() * judged).sum() / judged.sum().clamp(min=1)
