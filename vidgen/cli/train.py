@@ -4,6 +4,7 @@
     vidgen train finalize-autoencoder --run-dir runs/ae --out runs/ae/final
     vidgen train transformer --run-dir runs/dit --autoencoder runs/ae/final --minutes 120
     vidgen train export --transformer-run runs/dit --autoencoder runs/ae/final --out vidgen/default_model
+    vidgen train average runs/sf-a/pipeline runs/sf-b/pipeline --out runs/soup
     vidgen train distill --stage ode --teacher vidgen/default_model --run-dir runs/distill-ode
     vidgen train distill --stage self-forcing --teacher vidgen/default_model --init-from runs/distill-ode \
         --run-dir runs/distill-sf
@@ -128,6 +129,14 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     )
     ex.set_defaults(run=_run_export)
 
+    av = parts.add_parser("average", help="a model soup: pipeline folders' transformers averaged")
+    av.add_argument("folders", nargs="+", help="pipeline folders of one architecture (e.g. RUN/pipeline)")
+    av.add_argument("--out", required=True, help="pipeline folder to write (a copy of the first)")
+    av.add_argument(
+        "--dtype", default="float16", choices=["float32", "float16", "bfloat16"], help="stored weights"
+    )
+    av.set_defaults(run=_run_average)
+
 
 def _run_autoencoder(args: argparse.Namespace) -> int:
     from vidgen.training.autoencoder import train_autoencoder
@@ -219,4 +228,11 @@ def _run_export(args: argparse.Namespace) -> int:
         args.transformer_run, args.autoencoder, args.out, dtype=args.dtype, weights=args.weights
     )
     print(f"wrote {folder}")
+    return 0
+
+
+def _run_average(args: argparse.Namespace) -> int:
+    from vidgen.training.export import average_pipelines
+
+    print(f"wrote {average_pipelines(args.folders, args.out, dtype=args.dtype)}")
     return 0

@@ -72,3 +72,50 @@ def export_pipeline(
         )
     )
     return out
+
+
+_WEIGHTS_FILE = Path("transformer") / "diffusion_pytorch_model.safetensors"
+
+
+def average_pipelines(folders: list[str | Path], out: str | Path, dtype: str = "float16") -> Path:
+    """A model soup: ``out``, a copy of the first pipeline folder whose transformer weights are the
+    mean, in float32, of the folders' transformers (students of one recipe from other seeds, say),
+    stored in ``dtype``. The transformers must share one architecture (``config.json``); the first
+    folder's autoencoder, text encoder and settings are kept, and ``training_state.json`` lists the
+    folders averaged."""
+    from safetensors.torch import save_file
+
+    if len(folders) < 2:
+        raise ValueError(f"averaging needs at least two pipeline folders, got {len(folders)}")
+    paths = [Path(f) for f in folders]
+    for path in paths:
+        if not (path / _WEIGHTS_FILE).is_file():
+            raise FileNotFoundError(f"{path}: no {_WEIGHTS_FILE} (a pipeline folder's transformer)")
+    config = json.loads((paths[0] / "transformer" / "config.json").read_text())
+    total: dict[str, torch.Tensor] = {}
+    for path in paths:
+        other = json.loads((path / "transformer" / "config.json").read_text())
+        differing = sorted(
+            k for k in config.keys() | other.keys() if not k.startswith("_") and config.get(k) != other.get(k)
+        )
+        if differing:
+            raise ValueError(
+                f"{path}: another transformer architecture than {paths[0]} ({', '.join(differing)})"
+            )
+        weights = load_file(str(path / _WEIGHTS_FILE))
+        if total and weights.keys() != total.keys():
+            raise ValueError(f"{path}: other weight names than {paths[0]}")
+        for name, value in weights.items():
+            total[name] = total[name] + value.float() if name in total else value.float()
+    out = Path(out)
+    if out.resolve() in {p.resolve() for p in paths}:
+        raise ValueError(f"{out} is one of the folders averaged: write the soup elsewhere")
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(paths[0], out)
+    mean = {name: (value / len(paths)).to(_DTYPES[dtype]).contiguous() for name, value in total.items()}
+    save_file(mean, str(out / _WEIGHTS_FILE), metadata={"format": "pt"})
+    state_file = out / "training_state.json"
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    state["averaged_from"] = [str(p) for p in paths]
+    state_file.write_text(json.dumps(state, indent=1))
+    return out
