@@ -690,6 +690,8 @@ def test_decoded_prefix_judges_later_chunks_of_the_students_rollout(teacher_fold
     ):
         with pytest.raises(ValueError, match=match):
             _config(tmp_path, teacher_folder, **bad)
+    with pytest.raises(ValueError, match="--frame-weight"):
+        _config(tmp_path, teacher_folder, frame_absent=True)
     with pytest.raises(ValueError, match="rollout_chunks=1"):
         _config(
             tmp_path / "ckpt",

@@ -93,3 +93,35 @@ def test_the_frame_term_reaches_the_pixels():
     # the square's corners outside the inscribed circle are pushed toward the background
     corner = grad[0, 0, 0, int(0.45 * SIZE - 0.12 * SIZE) + 1, int(0.4 * SIZE - 0.12 * SIZE) + 1]
     assert float(corner) > 0
+
+
+def test_frames_without_the_object_cost_its_area_when_judged():
+    """A frame the track finds no object in: its ideal is the object where the nearest frame that
+    shows one has it; judged (``frame_absent``) it costs about the object's area times the squared
+    contrast, not judged nothing."""
+    scene = world.Scene("black", "yellow", "square", "medium", "slow", "right")
+    spec = _spec(scene)
+    frames = _frames(scene, frames=6).copy()
+    frames[2:4] = frames[0, 0, 0]  # the object gone from frames 2 and 3 (the background's colour)
+    pixels = clips_to_tensor([frames])
+    track = motion.soft_track(pixels, motion.background_colors([spec]))
+    assert track.present[0].tolist() == [True, True, False, False, True, True]
+    drawn, _ = ideal.ideal_frames(pixels, [spec], track)
+    torch.testing.assert_close(drawn[:, :, 2], drawn[:, :, 1])  # frame 2's nearest showing one: 1
+    torch.testing.assert_close(drawn[:, :, 3], drawn[:, :, 4])  # frame 3's: 4
+    present_only = ideal.frame_penalty(pixels, [spec], track, track.present)
+    every = ideal.frame_penalty(pixels, [spec], track, torch.ones_like(track.present))
+    assert float(present_only) < 0.02  # rendered frames are their own ideal
+    contrast = float(
+        np.sum(
+            (np.asarray(world.COLORS["yellow"]) / 127.5 - np.asarray(world.BACKGROUNDS["black"]) / 127.5) ** 2
+        )
+    )
+    assert float(every) == pytest.approx((4 * float(present_only) + 2 * contrast) / 6, rel=0.1)
+    # no frame shows it: the ideal object sits at the canvas centre
+    blank = np.repeat(frames[2:3], 3, axis=0)
+    pixels = clips_to_tensor([blank])
+    track = motion.soft_track(pixels, motion.background_colors([spec]))
+    drawn, _ = ideal.ideal_frames(pixels, [spec], track)
+    centre = motion.soft_track(drawn, motion.background_colors([spec])).centroid
+    torch.testing.assert_close(centre, torch.full_like(centre, 0.5), atol=0.5 / SIZE, rtol=0)

@@ -429,6 +429,11 @@ class DistillTrainConfig:
     area (:mod:`vidgen.training.ideal`). It pulls a blob of the wrong shape, a second object or a
     tinted background toward what the evaluator's frame rules 1-5 accept, without moving the path
     (0: none; needs Shapes World captions)."""
+    frame_absent: bool = False
+    """The frame term judges the frames the track finds no object in too (their ideal: the caption's
+    object where the nearest frame showing one has it, the canvas centre when none does), so an
+    object that fades out costs its whole area; otherwise such a frame costs nothing, nor does it in
+    the motion terms."""
     decoded_prefix_chunks: int = 0
     """Self-forcing: how far into the video the decoded terms (motion, speed, frame) judge. Each
     generator update draws a prefix of 0 to this many chunks, which the student makes first as the
@@ -517,6 +522,8 @@ class DistillTrainConfig:
                 "decoded_prefix_chunks moves the decoded terms: set --motion-weight, "
                 "--motion-speed-weight, --motion-still-weight or --frame-weight"
             )
+        if self.frame_absent and not self.frame_weight > 0:
+            raise ValueError("frame_absent widens the frame term: set --frame-weight")
         if self.decoded_prefix_chunks and self.gradient_checkpointing and self.rollout_chunks > 1:
             # behind a prefix the window is full: each graded chunk's write evicts frames the one
             # before it read, which the backward's recomputation reads again

@@ -604,7 +604,8 @@ class Distiller:
             still = torch.tensor([motion.still_axes(spec) for spec in specs], device=self.device)
             out["still_loss"] = motion.still_penalty(track, still)
         if c.frame_weight > 0:
-            out["frame_loss"] = ideal.frame_penalty(pixels, specs, track, track.present)
+            judged = ok[:, None].expand_as(track.present) if c.frame_absent else track.present
+            out["frame_loss"] = ideal.frame_penalty(pixels, specs, track, judged)
         return out
 
     # ---------------------------------------------------------------- self-forcing stage

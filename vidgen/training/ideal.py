@@ -49,7 +49,8 @@ def ideal_frames(
 
     The track's centroid is the object's area centroid; the ideal is placed so that its own area
     centroid falls there (an apex-up triangle's sits d/6 below its box's centre), wholly inside the
-    canvas."""
+    canvas. In a frame the track finds no object in, the ideal object sits where the nearest frame
+    that shows one has it (the canvas centre when none does)."""
     size = pixels.shape[-1]
     frames = pixels.detach().float().permute(0, 2, 3, 4, 1).cpu().numpy()  # (B, T, S, S, 3)
     centroids = track.centroid.detach().cpu().numpy().astype(np.float64)
@@ -58,6 +59,14 @@ def ideal_frames(
     for video, spec, centers, shown in zip(frames, specs, centroids, present, strict=True):
         side = object_side(video, spec, shown)
         centers = centers.copy()
+        if not shown.all():
+            shown_at = np.flatnonzero(shown)
+            if len(shown_at):
+                frame = np.arange(len(shown))
+                nearest = shown_at[np.abs(frame[:, None] - shown_at[None]).argmin(axis=1)]
+                centers = centers[nearest]
+            else:
+                centers[:] = 0.5
         if spec.shape == "triangle":
             centers[:, 1] -= side / 6
         centers = np.clip(centers, side / 2, 1 - side / 2)
