@@ -435,7 +435,7 @@ class DistillTrainConfig:
     object that fades out costs its whole area; otherwise such a frame costs nothing, nor does it in
     the motion terms."""
     decoded_prefix_chunks: int = 0
-    """Self-forcing: how far into the video the decoded terms (motion, speed, frame) judge. Each
+    """Self-forcing: how far into the video the decoded terms (motion, speed, still, frame) judge. Each
     generator update draws a prefix of 0 to this many chunks, which the student makes first as the
     pipeline does (every step, no gradient, into its cache); the terms then judge the next
     ``rollout_chunks`` chunks, made with the gradient at the exit steps, decoded with the latent

@@ -91,6 +91,9 @@ def average_pipelines(folders: list[str | Path], out: str | Path, dtype: str = "
     for path in paths:
         if not (path / _WEIGHTS_FILE).is_file():
             raise FileNotFoundError(f"{path}: no {_WEIGHTS_FILE} (a pipeline folder's transformer)")
+    out = Path(out)
+    if out.resolve() in {p.resolve() for p in paths}:
+        raise ValueError(f"{out} is one of the folders averaged: write the soup elsewhere")
     config = json.loads((paths[0] / "transformer" / "config.json").read_text())
     total: dict[str, torch.Tensor] = {}
     for path in paths:
@@ -107,9 +110,6 @@ def average_pipelines(folders: list[str | Path], out: str | Path, dtype: str = "
             raise ValueError(f"{path}: other weight names than {paths[0]}")
         for name, value in weights.items():
             total[name] = total[name] + value.float() if name in total else value.float()
-    out = Path(out)
-    if out.resolve() in {p.resolve() for p in paths}:
-        raise ValueError(f"{out} is one of the folders averaged: write the soup elsewhere")
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(paths[0], out)
     mean = {name: (value / len(paths)).to(_DTYPES[dtype]).contiguous() for name, value in total.items()}
