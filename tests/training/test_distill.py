@@ -578,7 +578,8 @@ def test_correction_term_regresses_the_worlds_continuation_of_the_students_rollo
 
 
 def test_decoded_terms_add_their_gradient(teacher_folder, tmp_path, monkeypatch):
-    """``motion_weight`` / ``motion_speed_weight`` / ``motion_still_weight`` / ``frame_weight``: the
+    """``motion_weight`` / ``motion_speed_weight`` / ``motion_still_weight`` / ``motion_wall_weight`` /
+    ``frame_weight``: the
     rollout DMD judges is decoded with its gradient, tracked (:mod:`vidgen.training.motion`) and
     held to its ideal frames (:mod:`vidgen.training.ideal`); a generator update's gradient is DMD's
     plus each weight times its term's."""
@@ -588,13 +589,14 @@ def test_decoded_terms_add_their_gradient(teacher_folder, tmp_path, monkeypatch)
     # of the walls; without the margin every entry is judged (the terms' own tests judge the margin)
     monkeypatch.setattr(motion, "WALL_MARGIN", -10.0)
     common = dict(stage="self-forcing", sampler="euler", generator_every=1, exit_step="last")
-    weights = {"motion_loss": 2.0, "speed_loss": 3.0, "still_loss": 1.5, "frame_loss": 0.5}
+    weights = {"motion_loss": 2.0, "speed_loss": 3.0, "still_loss": 1.5, "wall_loss": 0.7, "frame_loss": 0.5}
 
     def distiller_for(*on: str, **more) -> Distiller:
         w = {name: (weights[name] if name in on else 0.0) for name in weights}
         config = _config(tmp_path / "_".join(on or ("none",)), teacher_folder, motion_weight=w["motion_loss"],
                          motion_speed_weight=w["speed_loss"], motion_still_weight=w["still_loss"],
-                         frame_weight=w["frame_loss"], motion_lag=1, **common, **more)  # fmt: skip
+                         motion_wall_weight=w["wall_loss"], frame_weight=w["frame_loss"], motion_lag=1,
+                         **common, **more)  # fmt: skip
         return Distiller(config, _teacher(teacher_folder))
 
     plain = distiller_for()
@@ -615,9 +617,71 @@ def test_decoded_terms_add_their_gradient(teacher_folder, tmp_path, monkeypatch)
         prompts = tmp_path / "prompts.txt"
         prompts.write_text(PROMPT + "\n")
         distiller_for("frame_loss", prompts=str(prompts))
-    for bad in ("motion_weight", "motion_speed_weight", "motion_still_weight", "frame_weight", "motion_lag"):
+    for bad in (
+        "motion_weight",
+        "motion_speed_weight",
+        "motion_still_weight",
+        "motion_wall_weight",
+        "frame_weight",
+        "motion_lag",
+    ):
         with pytest.raises(ValueError, match=bad):
             _config(tmp_path, teacher_folder, **{bad: -1.0 if bad != "motion_lag" else 0})
+
+
+def test_decoded_prefix_terms_split_the_terms_between_the_rollouts(teacher_folder, tmp_path):
+    """``decoded_prefix_terms``: the terms it names judge the later rollout, the others DMD's rollout
+    from the video's start, as they do without a prefix."""
+    common = dict(stage="self-forcing", sampler="euler", generator_every=1, exit_step="last")
+    split = Distiller(
+        _config(
+            tmp_path / "split",
+            teacher_folder,
+            frame_weight=1.0,
+            motion_still_weight=1.0,
+            decoded_prefix_chunks=4,
+            decoded_prefix_terms="frame",
+            **common,
+        ),
+        _teacher(teacher_folder),
+    )
+    out = split.self_forcing_step(7)
+    start = Distiller(
+        _config(tmp_path / "start", teacher_folder, motion_still_weight=1.0, **common),
+        _teacher(teacher_folder),
+    )
+    # the still term: on the rollout from the start, as without the prefix (PROMPT names "left": y is still)
+    expected_still = start.self_forcing_step(7)["still_loss"].detach()
+    assert float(expected_still) > 0
+    torch.testing.assert_close(out["still_loss"].detach(), expected_still, atol=1e-6, rtol=1e-5)
+    # the frame term: on the later rollout of the prefix the step draws
+    config = split.config
+    rng = np.random.default_rng([config.seed, 7])
+    prompts = split.prompts.sample(rng, config.batch_size)
+    split.exit_steps(rng)
+    drawn = int(rng.integers(0, config.decoded_prefix_chunks + 1))
+    last = split.student_schedule.num_steps - 1
+    with torch.no_grad():
+        cond = conditioning(split.student, split.embed(prompts))
+        late, at, before = split.later_rollout(7, cond, [last, last], drawn)
+        later = split.decoded_losses(late, prompts, at, before)
+    assert set(later) == {"frame_loss", "still_loss"}
+    torch.testing.assert_close(out["frame_loss"].detach(), later["frame_loss"], atol=1e-5, rtol=1e-4)
+    # the later rollout's still term is another number: the comparison above could fail
+    assert abs(float(later["still_loss"]) - float(expected_still)) > 1e-4 * float(expected_still)
+    assert config.later_terms == {"frame"}
+    both = _config(
+        tmp_path / "both", teacher_folder, frame_weight=1.0, motion_still_weight=1.0, decoded_prefix_chunks=4
+    )
+    assert both.later_terms == {"frame", "still"}
+    for bad, match in (
+        (dict(decoded_prefix_terms="wall,bounce"), "names bounce"),
+        (dict(decoded_prefix_terms="frame", decoded_prefix_chunks=0), "needs --decoded-prefix-chunks"),
+        (dict(decoded_prefix_terms="wall"), "wall, whose weight is 0"),
+    ):
+        kwargs = dict(frame_weight=1.0, decoded_prefix_chunks=2) | bad
+        with pytest.raises(ValueError, match=match):
+            _config(tmp_path, teacher_folder, **kwargs)
 
 
 def test_decoded_prefix_judges_later_chunks_of_the_students_rollout(teacher_folder, tmp_path):

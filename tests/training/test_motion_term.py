@@ -144,3 +144,66 @@ def test_the_still_term_judges_a_sideways_wobble():
         moving, rel=0.03
     )
     assert float(motion.still_penalty(track, torch.tensor([[False, False]]))) == 0.0
+
+
+def _wall(frames: np.ndarray, spec: PromptSpec, pixels: torch.Tensor | None = None) -> torch.Tensor:
+    pixels = clips_to_tensor([frames]) if pixels is None else pixels
+    track = motion.soft_track(pixels, motion.background_colors([spec]))
+    speed = motion.named_axis_speed(spec)
+    return motion.wall_penalty(track, torch.tensor([speed or (0.0, 0.0)]), torch.tensor([speed is not None]))
+
+
+@pytest.mark.parametrize(
+    "shape, speed, direction",
+    [
+        ("square", "slow", "down-left"),
+        ("circle", "fast", "up"),
+        ("triangle", "slow", "up-left"),
+        ("triangle", "slow", "down"),
+        ("circle", "slow", "right"),
+    ],
+)
+def test_the_wall_term_lets_the_worlds_bounces_be(shape, speed, direction):
+    """``wall_penalty``: the world's own clips, bounces included, cost nothing, slow diagonals (the
+    least travel after a contact) and triangles (whose tip is its reach on one side) too."""
+    scene = world.Scene("black", "red", shape, "small", speed, direction)
+    # 0.05 short of the walls it heads for: it bounces off them within the clip
+    half = scene.side / 2
+    near = [
+        0.5 if d == 0 else (1 - half - 0.05 if d > 0 else half + 0.05) for d in world.DIRECTIONS[direction]
+    ]
+    clip = world.render_clip(scene, 48, size=SIZE, start=(near[0], near[1]))
+    spec = PromptSpec("red", shape, "black", speed=speed, direction=direction)
+    track = _track(clip.frames, "black")
+    assert bool((np.diff(np.sign(clip.velocity), axis=0) != 0).any())  # it bounces
+    assert int((track.gap <= motion.WALL_TOUCH).sum()) >= 1  # and touches: the term has entries to judge
+    assert float(_wall(clip.frames, spec)) == 0.0
+
+
+def test_the_wall_term_costs_an_object_held_at_a_wall():
+    """Pressed against the wall it should have bounced off, the object costs 1 an entry; pushed on
+    into it, more; on an axis the caption leaves still, or under a caption naming no direction,
+    nothing. The gradient reaches the later frames only."""
+    scene = world.Scene("black", "red", "square", "small", "slow", "down")
+    half = scene.side / 2
+    clip = world.render_clip(scene, 12, size=SIZE, start=(0.5, 1 - half))
+    held = world.retrace(clip, np.repeat([[0.5, 1 - half]], 12, axis=0))
+    spec = PromptSpec("red", "square", "black", speed="slow", direction="down")
+    track = _track(held.frames, "black")
+    np.testing.assert_allclose(track.gap[0, :, 1, 1].numpy(), 0.0)  # touches the bottom wall
+    assert bool((track.gap[0, :, 0, :] > 0.3).all())  # and no side wall
+    assert float(_wall(held.frames, spec)) == pytest.approx(1.0, abs=1e-6)
+    # still coming in at the named speed, by a pixel a frame: clipped by the wall, it goes nowhere
+    # and then the centroid moves on into the wall: away is negative, the shortfall more than 1
+    pushed = world.retrace(clip, np.stack([np.full(12, 0.5), 1 - half + np.arange(12) / SIZE], axis=1))
+    assert float(_wall(pushed.frames, spec)) > 1.5
+    # the same held clip captioned "moving right" (y still), and with no direction named
+    assert float(_wall(held.frames, PromptSpec("red", "square", "black", direction="right"))) == 0.0
+    assert float(_wall(held.frames, PromptSpec("red", "square", "black"))) == 0.0
+    pixels = clips_to_tensor([held.frames]).requires_grad_(True)
+    _wall(held.frames, spec, pixels).backward()
+    assert pixels.grad is not None
+    per_frame = pixels.grad.abs().sum(dim=(0, 1, 3, 4))
+    lag = motion.WALL_LAG
+    assert float(per_frame[: 12 - lag].max()) == 0.0  # the touching frames' centroids are detached
+    assert bool((per_frame[lag:] > 0).all())

@@ -420,6 +420,12 @@ class DistillTrainConfig:
     squared, in units of it (:func:`vidgen.training.motion.still_penalty`). Rule 8 fails a sideways
     wobble that crosses that threshold both ways; the speed term's target there is 0 too, but in
     units of the slow speed (5x the threshold) it barely sees one (0: none)."""
+    motion_wall_weight: float = 0.0
+    """Self-forcing: weight of the wall term on the same track: where the object's pixels touch a wall
+    on an axis the caption moves along, its centroid must have left that wall by a quarter of the
+    axis's named travel 8 frames later (:func:`vidgen.training.motion.wall_penalty`): the world's
+    objects bounce, and one pressed against a wall fails rule 6 and wanders along it into rule 8.
+    The other motion terms leave the walls' margins unjudged (0: none)."""
     motion_lag: int = 2
     """Frames between the positions the motion terms compare (the decoder's frames, 16 a second)."""
     frame_weight: float = 0.0
@@ -443,6 +449,11 @@ class DistillTrainConfig:
     from the video's start. A 2-chunk rollout from the start shows the terms the first 13 frames;
     the evaluator judges 10 s and 10 minutes (0: the terms judge DMD's rollout; needs an
     autoencoder that decodes from a latent frame, as the default model's does)."""
+    decoded_prefix_terms: str = ""
+    """With ``decoded_prefix_chunks``: the decoded terms that judge the later chunks, a comma list of
+    ``motion``, ``speed``, ``still``, ``wall`` and ``frame`` (empty: all of them); the others keep
+    judging DMD's rollout from the video's start. The wall term needs objects that have reached a
+    wall, which a rollout of the first second seldom shows."""
     dmd_sigma_min: float = 0.02
     dmd_sigma_max: float = 0.98
     """Range of the (shifted) noise levels at which the score models judge a rollout."""
@@ -473,14 +484,36 @@ class DistillTrainConfig:
     """torch threads (0: leave torch's default)."""
 
     @property
+    def decoded_weights(self) -> dict[str, float]:
+        """The decoded terms by name (``decoded_prefix_terms``'s names) and their weights, on or off."""
+        return {
+            "motion": self.motion_weight,
+            "speed": self.motion_speed_weight,
+            "still": self.motion_still_weight,
+            "wall": self.motion_wall_weight,
+            "frame": self.frame_weight,
+        }
+
+    @property
+    def later_terms(self) -> frozenset[str]:
+        """The decoded terms that judge the later chunks (none without ``decoded_prefix_chunks``)."""
+        if not self.decoded_prefix_chunks:
+            return frozenset()
+        on = {name for name, weight in self.decoded_weights.items() if weight > 0}
+        if not self.decoded_prefix_terms:
+            return frozenset(on)
+        return frozenset(t.strip() for t in self.decoded_prefix_terms.split(",") if t.strip()) & on
+
+    @property
     def decoded_terms(self) -> bool:
-        """Whether a term judges the decoded rollout (motion, speed, still, frame)."""
+        """Whether a term judges the decoded rollout (motion, speed, still, wall, frame)."""
         return any(
             w > 0
             for w in (
                 self.motion_weight,
                 self.motion_speed_weight,
                 self.motion_still_weight,
+                self.motion_wall_weight,
                 self.frame_weight,
             )
         )
@@ -512,7 +545,13 @@ class DistillTrainConfig:
             raise ValueError(f"correction_weight must be >= 0, got {self.correction_weight}")
         if self.correction_chunks < 1:
             raise ValueError(f"correction_chunks must be >= 1, got {self.correction_chunks}")
-        for name in ("motion_weight", "motion_speed_weight", "motion_still_weight", "frame_weight"):
+        for name in (
+            "motion_weight",
+            "motion_speed_weight",
+            "motion_still_weight",
+            "motion_wall_weight",
+            "frame_weight",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.decoded_prefix_chunks < 0:
@@ -520,8 +559,21 @@ class DistillTrainConfig:
         if self.decoded_prefix_chunks and not self.decoded_terms:
             raise ValueError(
                 "decoded_prefix_chunks moves the decoded terms: set --motion-weight, "
-                "--motion-speed-weight, --motion-still-weight or --frame-weight"
+                "--motion-speed-weight, --motion-still-weight, --motion-wall-weight or --frame-weight"
             )
+        if self.decoded_prefix_terms:
+            named = [t.strip() for t in self.decoded_prefix_terms.split(",") if t.strip()]
+            unknown = sorted(set(named) - set(self.decoded_weights))
+            if unknown:
+                raise ValueError(
+                    f"decoded_prefix_terms names {', '.join(unknown)}: the decoded terms are "
+                    f"{', '.join(self.decoded_weights)}"
+                )
+            if not self.decoded_prefix_chunks:
+                raise ValueError("decoded_prefix_terms needs --decoded-prefix-chunks")
+            off = [t for t in named if not self.decoded_weights[t] > 0]
+            if off:
+                raise ValueError(f"decoded_prefix_terms names {', '.join(off)}, whose weight is 0")
         if self.frame_absent and not self.frame_weight > 0:
             raise ValueError("frame_absent widens the frame term: set --frame-weight")
         if self.decoded_prefix_chunks and self.gradient_checkpointing and self.rollout_chunks > 1:

@@ -229,6 +229,7 @@ class Distiller:
             "motion_weight",
             "motion_speed_weight",
             "motion_still_weight",
+            "motion_wall_weight",
             "frame_weight",
         )
         used = [name for name in terms if getattr(config, name) > 0]
@@ -570,14 +571,17 @@ class Distiller:
         texts: list[str],
         first_latent: int = 0,
         previous: torch.Tensor | None = None,
+        terms: frozenset[str] | None = None,
     ) -> dict[str, torch.Tensor]:
         """The rollout ``video`` (B, C, F, h, w) normalised, decoded with its gradient and measured
         against its captions: ``motion_loss`` and ``speed_loss`` (:func:`vidgen.training.motion.
         motion_penalties`) with ``motion_weight`` / ``motion_speed_weight``, ``still_loss``
-        (:func:`vidgen.training.motion.still_penalty`) with ``motion_still_weight``, ``frame_loss``
+        (:func:`vidgen.training.motion.still_penalty`) with ``motion_still_weight``, ``wall_loss``
+        (:func:`vidgen.training.motion.wall_penalty`) with ``motion_wall_weight``, ``frame_loss``
         (:func:`vidgen.training.ideal.frame_penalty`) with ``frame_weight``. A caption the parser
         cannot read leaves the terms. ``video`` starts at latent frame ``first_latent`` of its
-        rollout; ``previous`` (normalised) is the latent frame before it."""
+        rollout; ``previous`` (normalised) is the latent frame before it. ``terms`` (names of
+        ``DistillTrainConfig.decoded_weights``) limits the terms measured (None: every one on)."""
         assert self.vae is not None, "no autoencoder loaded"
         c = self.config
         specs, readable = [], []
@@ -593,17 +597,26 @@ class Distiller:
         ok = torch.tensor(readable, device=self.device)
         track.present &= ok[:, None]
         out: dict[str, torch.Tensor] = {}
-        if c.motion_weight > 0 or c.motion_speed_weight > 0:
-            speeds = [motion.named_axis_speed(spec) for spec in specs]
-            axis_speed = torch.tensor([s or (0.0, 0.0) for s in speeds], device=self.device)
-            known = torch.tensor([s is not None for s in speeds], device=self.device) & ok
-            out["motion_loss"], out["speed_loss"] = motion.motion_penalties(
-                track, axis_speed, known, c.motion_lag
-            )
-        if c.motion_still_weight > 0:
+        on = {
+            name
+            for name, weight in c.decoded_weights.items()
+            if weight > 0 and (terms is None or name in terms)
+        }
+        speeds = [motion.named_axis_speed(spec) for spec in specs]
+        axis_speed = torch.tensor([s or (0.0, 0.0) for s in speeds], device=self.device)
+        known = torch.tensor([s is not None for s in speeds], device=self.device) & ok
+        if "motion" in on or "speed" in on:
+            constant, speed = motion.motion_penalties(track, axis_speed, known, c.motion_lag)
+            if "motion" in on:
+                out["motion_loss"] = constant
+            if "speed" in on:
+                out["speed_loss"] = speed
+        if "wall" in on:
+            out["wall_loss"] = motion.wall_penalty(track, axis_speed, known)
+        if "still" in on:
             still = torch.tensor([motion.still_axes(spec) for spec in specs], device=self.device)
             out["still_loss"] = motion.still_penalty(track, still)
-        if c.frame_weight > 0:
+        if "frame" in on:
             judged = ok[:, None].expand_as(track.present) if c.frame_absent else track.present
             out["frame_loss"] = ideal.frame_penalty(pixels, specs, track, judged)
         return out
@@ -713,17 +726,21 @@ class Distiller:
                 out["correction_loss"] = self.correction_loss(step)
                 loss = loss + c.correction_weight * out["correction_loss"]
             if c.decoded_terms:
+                later = c.later_terms
+                decoded = {}
                 if c.decoded_prefix_chunks:
                     prefix = int(rng.integers(0, c.decoded_prefix_chunks + 1))
                     window, first, before = self.later_rollout(step, cond, exits, prefix)
-                    decoded = self.decoded_losses(window, prompts, first, before)
-                else:
-                    decoded = self.decoded_losses(video, prompts)
+                    decoded.update(self.decoded_losses(window, prompts, first, before, terms=later))
+                early = frozenset(name for name, weight in c.decoded_weights.items() if weight > 0) - later
+                if early:
+                    decoded.update(self.decoded_losses(video, prompts, terms=early))
                 out.update(decoded)
                 for name, weight in (
                     ("motion_loss", c.motion_weight),
                     ("speed_loss", c.motion_speed_weight),
                     ("still_loss", c.motion_still_weight),
+                    ("wall_loss", c.motion_wall_weight),
                     ("frame_loss", c.frame_weight),
                 ):
                     if name in decoded:

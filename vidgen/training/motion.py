@@ -9,7 +9,8 @@ floor, and the position is that weight's centroid. Away from the walls its secon
 should be zero and its speed on each axis the caption's; both are penalised where the centroid is
 far enough from every wall that no true bounce can fall inside the frames compared. On the axis an
 axis-aligned caption leaves still, rule 8 fails any sideways wobble whose 5-frame average exceeds
-0.002 S a frame both ways: the still term holds that average under half of it."""
+0.002 S a frame both ways: the still term holds that average under half of it. An object whose
+pixels reach a wall bounces off it in the world; the wall term makes it leave."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ is at least 0.73 from every background."""
 MIN_MASS = 0.002
 """The soft weight's sum over a frame, as a fraction of the frame's pixels, below which the frame
 shows no object (half the smallest triangle at the weakest contrast weighs 0.0029)."""
+STRONG = 0.25
+"""The share of a frame's largest soft weight from which a pixel counts as the object's for its reach
+(``SoftTrack.gap``): a circle's pixel at the wall it touches is only partly covered."""
 SLOW = SPEEDS["slow"]
 FAST = max(SPEEDS.values())
 
@@ -35,11 +39,15 @@ FAST = max(SPEEDS.values())
 @dataclass
 class SoftTrack:
     """Per frame of each video: the soft weight's ``centroid`` (B, T, 2) as (x, y) fractions of the
-    side, with gradient; ``present`` (B, T) bool and ``half_extent`` (B, T, 2), both without."""
+    side, with gradient; ``present`` (B, T) bool, ``half_extent`` (B, T, 2) and ``gap`` (B, T, 2, 2),
+    all without. ``gap[..., a, 0]`` is the distance on axis ``a`` from the low wall (x = 0, y = 0) to
+    the nearest pixel holding at least :data:`STRONG` of the frame's largest weight, ``gap[..., a,
+    1]`` from the high wall; a frame showing no object has gaps of 1."""
 
     centroid: torch.Tensor
     present: torch.Tensor
     half_extent: torch.Tensor
+    gap: torch.Tensor
 
 
 def background_colors(specs: list[PromptSpec], device: torch.device | str = "cpu") -> torch.Tensor:
@@ -66,7 +74,16 @@ def soft_track(pixels: torch.Tensor, background: torch.Tensor) -> SoftTrack:
         vy = (rows * (pos - cy[..., None]).square()).sum(-1) / safe
         half = (3 * torch.stack([vx, vy], dim=-1)).sqrt()
         present = mass / (side * side) > MIN_MASS
-    return SoftTrack(torch.stack([cx, cy], dim=-1), present, half)
+        strong = weight >= STRONG * weight.amax(dim=(-2, -1), keepdim=True).clamp(min=1e-6)
+        gaps = []
+        for covered in (strong.any(dim=-2), strong.any(dim=-1)):  # (B, T, S): columns, rows
+            index = torch.arange(side, device=weight.device).expand_as(covered)
+            first = torch.where(covered, index, side).amin(-1)
+            last = torch.where(covered, index, -1).amax(-1)
+            gaps.append(torch.stack([first, side - 1 - last], dim=-1).float() / side)
+        gap = torch.stack(gaps, dim=-2).clamp(max=1.0)
+        gap = torch.where(present[..., None, None], gap, torch.ones_like(gap))
+    return SoftTrack(torch.stack([cx, cy], dim=-1), present, half, gap)
 
 
 def named_axis_speed(spec: PromptSpec) -> tuple[float, float] | None:
@@ -141,3 +158,41 @@ def still_penalty(track: SoftTrack, still: torch.Tensor) -> torch.Tensor:
     judged = still[:, None, :].to(present.device) & (present[:, n:] & present[:, :-n])[..., None]
     excess = torch.relu(average.abs() - STILL_FREE)
     return (excess.square() * judged).sum() / judged.sum().clamp(min=1)
+
+
+WALL_TOUCH = 0.0
+"""The wall term's contact: an object whose pixels (:data:`STRONG`) come within this of a wall
+touches it (0: they reach the canvas's outermost row or column, as an object within about three
+quarters of a pixel of the wall does)."""
+WALL_LAG = 8
+"""Frames over which an object touching a wall must have left it."""
+WALL_LEAVE = 0.25
+"""The share of its axis's named travel over :data:`WALL_LAG` frames by which an object touching a
+wall must have moved away from it. A world object three quarters of a pixel from the wall, still
+coming in at the slow speed on a diagonal's axis (0.0071 S a frame), leaves by 0.59 of it: it costs
+nothing."""
+
+
+def wall_penalty(track: SoftTrack, axis_speed: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+    """Bounces (the spec's "Motion"): an object whose pixels touch a wall on an axis the caption
+    moves along leaves it. Where frame ``t`` touches a wall (:data:`WALL_TOUCH`) and frames ``t`` and
+    ``t + WALL_LAG`` show the object, its centroid must have moved away from that wall by
+    :data:`WALL_LEAVE` of the axis's named travel ``axis_speed * WALL_LAG``; the shortfall, in units
+    of that distance, squared: an object pressed against the wall costs 1 an entry, one that bounces
+    nothing. The mean over the judged (video, frame, axis, wall) entries: ``known`` (B,) marks the
+    captions naming a direction, an axis they leave still is not judged. The gradient moves the later
+    frame's centroid only (the touching frame's is detached)."""
+    c, present, gap = track.centroid, track.present, track.gap
+    lag = WALL_LAG
+    if c.shape[1] <= lag:
+        return c.sum() * 0.0
+    need = WALL_LEAVE * axis_speed.to(c) * lag  # (B, 2)
+    moves = known[:, None].to(present.device) & (need > 0)  # (B, 2)
+    both = (present[:, lag:] & present[:, :-lag])[..., None] & moves[:, None, :]  # (B, T - lag, 2)
+    touch = gap[:, :-lag] <= WALL_TOUCH  # (B, T - lag, 2, 2): low wall, high wall
+    step = c[:, lag:] - c[:, :-lag].detach()  # (B, T - lag, 2)
+    away = torch.stack([step, -step], dim=-1)  # from the low wall: +, from the high wall: -
+    safe = need.clamp(min=1e-6)[:, None, :, None]
+    shortfall = torch.relu(1.0 - away / safe).square()
+    judged = touch & both[..., None]
+    return (shortfall * judged).sum() / judged.sum().clamp(min=1)
