@@ -81,7 +81,7 @@ def soft_track(pixels: torch.Tensor, background: torch.Tensor) -> SoftTrack:
             first = torch.where(covered, index, side).amin(-1)
             last = torch.where(covered, index, -1).amax(-1)
             gaps.append(torch.stack([first, side - 1 - last], dim=-1).float() / side)
-        gap = torch.stack(gaps, dim=-2).clamp(max=1.0)
+        gap = torch.stack(gaps, dim=-2)
         gap = torch.where(present[..., None, None], gap, torch.ones_like(gap))
     return SoftTrack(torch.stack([cx, cy], dim=-1), present, half, gap)
 
@@ -162,14 +162,14 @@ def still_penalty(track: SoftTrack, still: torch.Tensor) -> torch.Tensor:
 
 WALL_TOUCH = 0.0
 """The wall term's contact: an object whose pixels (:data:`STRONG`) come within this of a wall
-touches it (0: they reach the canvas's outermost row or column, as an object within about three
-quarters of a pixel of the wall does)."""
+touches it (0: they reach the canvas's outermost row or column, where a pixel a third or more
+covered by the object counts: the object is within two thirds of a pixel of the wall)."""
 WALL_LAG = 8
 """Frames over which an object touching a wall must have left it."""
 WALL_LEAVE = 0.25
 """The share of its axis's named travel over :data:`WALL_LAG` frames by which an object touching a
-wall must have moved away from it. A world object three quarters of a pixel from the wall, still
-coming in at the slow speed on a diagonal's axis (0.0071 S a frame), leaves by 0.59 of it: it costs
+wall must have moved away from it. A world object two thirds of a pixel from the wall, still coming
+in at the slow speed on a diagonal's axis (0.0071 S a frame), leaves by 0.63 of it: it costs
 nothing."""
 
 
