@@ -495,28 +495,25 @@ class DistillTrainConfig:
         }
 
     @property
+    def decoded_on(self) -> frozenset[str]:
+        """The decoded terms whose weight is above 0, by name."""
+        return frozenset(name for name, weight in self.decoded_weights.items() if weight > 0)
+
+    @property
     def later_terms(self) -> frozenset[str]:
         """The decoded terms that judge the later chunks (none without ``decoded_prefix_chunks``)."""
         if not self.decoded_prefix_chunks:
             return frozenset()
-        on = {name for name, weight in self.decoded_weights.items() if weight > 0}
         if not self.decoded_prefix_terms:
-            return frozenset(on)
-        return frozenset(t.strip() for t in self.decoded_prefix_terms.split(",") if t.strip()) & on
+            return self.decoded_on
+        return (
+            frozenset(t.strip() for t in self.decoded_prefix_terms.split(",") if t.strip()) & self.decoded_on
+        )
 
     @property
     def decoded_terms(self) -> bool:
         """Whether a term judges the decoded rollout (motion, speed, still, wall, frame)."""
-        return any(
-            w > 0
-            for w in (
-                self.motion_weight,
-                self.motion_speed_weight,
-                self.motion_still_weight,
-                self.motion_wall_weight,
-                self.frame_weight,
-            )
-        )
+        return bool(self.decoded_on)
 
     def __post_init__(self) -> None:
         if self.stage not in ("ode", "self-forcing"):

@@ -597,11 +597,7 @@ class Distiller:
         ok = torch.tensor(readable, device=self.device)
         track.present &= ok[:, None]
         out: dict[str, torch.Tensor] = {}
-        on = {
-            name
-            for name, weight in c.decoded_weights.items()
-            if weight > 0 and (terms is None or name in terms)
-        }
+        on = c.decoded_on if terms is None else c.decoded_on & terms
         speeds = [motion.named_axis_speed(spec) for spec in specs]
         axis_speed = torch.tensor([s or (0.0, 0.0) for s in speeds], device=self.device)
         known = torch.tensor([s is not None for s in speeds], device=self.device) & ok
@@ -732,7 +728,7 @@ class Distiller:
                     prefix = int(rng.integers(0, c.decoded_prefix_chunks + 1))
                     window, first, before = self.later_rollout(step, cond, exits, prefix)
                     decoded.update(self.decoded_losses(window, prompts, first, before, terms=later))
-                early = frozenset(name for name, weight in c.decoded_weights.items() if weight > 0) - later
+                early = c.decoded_on - later
                 if early:
                     decoded.update(self.decoded_losses(video, prompts, terms=early))
                 out.update(decoded)
