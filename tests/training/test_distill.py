@@ -765,3 +765,100 @@ def test_decoded_prefix_judges_later_chunks_of_the_students_rollout(teacher_fold
             gradient_checkpointing=True,
             **common,
         )
+
+
+def test_dmd_prefix_judges_later_chunks_after_their_context(teacher_folder, tmp_path):
+    """``dmd_prefix_chunks``: a step's rollout follows a prefix the student makes as the pipeline
+    does; DMD and the fake score see its chunks after the sinks and the window before them, at sigma
+    0, and judge only those chunks (the losses recomputed here from the score models' velocities).
+    A step that draws no prefix is the plain step."""
+    from vidgen.training.rollout import velocity
+
+    common = dict(stage="self-forcing", sampler="euler", generator_every=1, exit_step="last")
+    config = _config(tmp_path / "late", teacher_folder, dmd_prefix_chunks=5, **common)
+
+    def distiller_for(cfg) -> Distiller:
+        d = Distiller(cfg, _teacher(teacher_folder))
+        with torch.no_grad():  # a fake score that disagrees with the teacher: DMD is not 0
+            d.modules.fake_score.proj_out.bias.add_(0.3)
+        return d
+
+    late = distiller_for(config)
+    draws = {}
+    for step in range(40):
+        rng = np.random.default_rng([config.seed, step])
+        late.prompts.sample(rng, config.batch_size)
+        late.exit_steps(rng)
+        draws.setdefault(int(rng.integers(0, config.dmd_prefix_chunks + 1)), step)
+    step, prefix = draws[4], 4  # 8 latent frames before: past the tiny cache's sinks (2) + window (4)
+    out = late.self_forcing_step(step)
+
+    rng = np.random.default_rng([config.seed, step])
+    prompts = late.prompts.sample(rng, config.batch_size)
+    text = late.embed(prompts)
+    uncond = late.embed([""] * config.batch_size)
+    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+    noises = late.noises(config.batch_size, generator)
+    step_generator = torch.Generator().manual_seed(config.seed * 7_919 + step)
+    with torch.no_grad():
+        whole, _ = late.rollout.run(
+            late.student,
+            conditioning(late.student, text),
+            late.prefix_noises(step, prefix) + noises,
+            step_generators=[step_generator] * (prefix + 2),
+            write_generators=[step_generator] * (prefix + 2),
+        )
+    assert whole.shape[2] == 12
+    # the sinks (frames 0-1), the window before frame 8 (4-7), the judged chunks (8-11)
+    scored = torch.cat([whole[:, :, :2], whole[:, :, 4:]], dim=2)
+    context = 6
+
+    def flow(sigma, noise):
+        s = sigma[:, None, :, None, None]
+        return scored * (1 - s) + noise * s, s
+
+    sigma = sample_sigmas(2, 2, 2, config, late.shift, generator)
+    sigma = torch.cat([torch.zeros(2, context), sigma], dim=1)
+    noisy, s = flow(sigma, torch.randn(scored.shape, generator=generator))
+    with torch.no_grad():
+        fake = noisy - s * velocity(late.modules.fake_score, noisy, sigma, text, late.pattern)
+        real = noisy - s * velocity(late.real, noisy, sigma, text, late.pattern, uncond=uncond)
+    judged = slice(context, None)
+    normalizer = (scored - real)[:, :, judged].abs().mean(dim=(1, 2, 3, 4), keepdim=True)
+    expected_dmd = 0.5 * ((fake - real)[:, :, judged] / normalizer).square().mean()
+    # the tiny model reads its context weakly: context at sigma 0.1 moves the losses by 2e-5 and 7e-5
+    torch.testing.assert_close(out["generator_loss"].detach(), expected_dmd, atol=1e-7, rtol=2e-6)
+
+    sigma = sample_sigmas(2, 2, 2, config, late.shift, generator)
+    sigma = torch.cat([torch.zeros(2, context), sigma], dim=1)
+    noise = torch.randn(scored.shape, generator=generator)
+    noisy, _ = flow(sigma, noise)
+    with torch.no_grad():
+        v = velocity(late.modules.fake_score, noisy, sigma, text, late.pattern)
+    expected_critic = (v - (noise - scored))[:, :, judged].square().mean()
+    torch.testing.assert_close(out["critic_loss"].detach(), expected_critic, atol=1e-7, rtol=2e-6)
+
+    # the judged chunks read as a video's start (no context) are judged otherwise: the context counts
+    sigma = torch.full((2, 4), 0.5)
+    with torch.no_grad():
+        alone = dmd_loss(whole[:, :, 8:], late.real, late.modules.fake_score, text, uncond, sigma,
+                         torch.zeros(2, 4, 4, 8, 8), late.pattern, 1.0)  # fmt: skip
+        read = dmd_loss(scored, late.real, late.modules.fake_score, text, uncond,
+                        torch.cat([torch.zeros(2, context), sigma], dim=1), torch.zeros_like(scored),
+                        late.pattern, 1.0, context_frames=context)  # fmt: skip
+    assert abs(float(alone) - float(read)) > 1e-3 * float(read)
+    # the gradient reaches the student through the judged chunks
+    assert _student_grad(late, out["loss"]).abs().max() > 0
+
+    # a step that draws no prefix is the plain distiller's step
+    plain = distiller_for(_config(tmp_path / "plain", teacher_folder, **common))
+    at_start = distiller_for(config).self_forcing_step(draws[0])
+    expected = plain.self_forcing_step(draws[0])
+    for name in ("generator_loss", "critic_loss"):
+        torch.testing.assert_close(at_start[name].detach(), expected[name].detach(), atol=1e-6, rtol=1e-5)
+    for bad, match in (
+        (dict(dmd_prefix_chunks=-1), "dmd_prefix_chunks must be"),
+        (dict(dmd_prefix_chunks=2, gradient_checkpointing=True), "dmd_prefix_chunks with gradient"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            _config(tmp_path, teacher_folder, **bad)

@@ -454,6 +454,15 @@ class DistillTrainConfig:
     ``motion``, ``speed``, ``still``, ``wall`` and ``frame`` (empty: all of them); the others keep
     judging DMD's rollout from the video's start. The wall term needs objects that have reached a
     wall, which a rollout of the first second seldom shows."""
+    dmd_prefix_chunks: int = 0
+    """Self-forcing: how far into the video DMD and the fake score judge the student (Self-Forcing++
+    judges windows of a long rollout likewise). Each step draws a prefix of 0 to this many chunks,
+    which the student makes first as the pipeline does (every step, no gradient, into its cache);
+    its ``rollout_chunks`` chunks follow, with the gradient at the exit steps. The score models see
+    those chunks after the sinks and the window before them, clean, as the cache shows them to the
+    first of them, and judge only those chunks; the decoded terms that judge DMD's rollout judge
+    them too. A 2-chunk rollout from the start shows DMD the first second of a video whose later
+    chunks read a full window of the student's own frames (0: from the start)."""
     dmd_sigma_min: float = 0.02
     dmd_sigma_max: float = 0.98
     """Range of the (shifted) noise levels at which the score models judge a rollout."""
@@ -571,12 +580,15 @@ class DistillTrainConfig:
             off = [t for t in named if not self.decoded_weights[t] > 0]
             if off:
                 raise ValueError(f"decoded_prefix_terms names {', '.join(off)}, whose weight is 0")
+        if self.dmd_prefix_chunks < 0:
+            raise ValueError(f"dmd_prefix_chunks must be >= 0, got {self.dmd_prefix_chunks}")
         if self.frame_absent and not self.frame_weight > 0:
             raise ValueError("frame_absent widens the frame term: set --frame-weight")
-        if self.decoded_prefix_chunks and self.gradient_checkpointing and self.rollout_chunks > 1:
-            # behind a prefix the window is full: each graded chunk's write evicts frames the one
-            # before it read, which the backward's recomputation reads again
-            raise ValueError("decoded_prefix_chunks with gradient_checkpointing needs rollout_chunks=1")
+        for name in ("decoded_prefix_chunks", "dmd_prefix_chunks"):
+            if getattr(self, name) and self.gradient_checkpointing and self.rollout_chunks > 1:
+                # behind a prefix the window is full: each graded chunk's write evicts frames the one
+                # before it read, which the backward's recomputation reads again
+                raise ValueError(f"{name} with gradient_checkpointing needs rollout_chunks=1")
         if self.motion_lag < 1:
             raise ValueError(f"motion_lag must be >= 1, got {self.motion_lag}")
         if self.data_object_weight < 0:

@@ -245,11 +245,12 @@ class Distiller:
             self.vae = self.vae.to(self.device).float().eval().requires_grad_(False)
             self.latent_mean, self.latent_std = (t.to(self.device) for t in latent_stats(self.vae))
             self.temporal = int(getattr(self.vae.config, "scale_factor_temporal", 4) or 4)
-            if config.decoded_prefix_chunks and not hasattr(self.vae, "decode_unclamped"):
-                raise DistillSetupError(
-                    f"decoded_prefix_chunks decodes from a later latent frame, which "
-                    f"{type(self.vae).__name__} does not; use 0"
-                )
+            for name in ("decoded_prefix_chunks", "dmd_prefix_chunks"):
+                if getattr(config, name) and not hasattr(self.vae, "decode_unclamped"):
+                    raise DistillSetupError(
+                        f"{name} decodes from a later latent frame, which "
+                        f"{type(self.vae).__name__} does not; use 0"
+                    )
 
     @property
     def student(self) -> CausalWanTransformer:
@@ -652,6 +653,36 @@ class Distiller:
         before = video[:, :, first - 1 : first].detach() if prefix else None
         return video[:, :, first:], first, before
 
+    def prefix_noises(self, step: int, prefix: int) -> list[torch.Tensor]:
+        """The noises of the ``dmd_prefix_chunks`` prefix's ``prefix`` chunks at ``step``."""
+        c = self.config
+        generator = torch.Generator().manual_seed(c.seed * 1_000_037 + step)
+        return [
+            torch.randn((c.batch_size, *self.chunk_shape), generator=generator).to(self.device)
+            for _ in range(prefix)
+        ]
+
+    def scored_frames(self, rolled: torch.Tensor, first: int) -> tuple[torch.Tensor, int]:
+        """What the score models see of a rollout whose judged chunks start at latent frame ``first``:
+        the sinks and the window before ``first`` (the cache's view for the first judged chunk, its
+        positions contiguous as the rolling scheme gives them), then the judged chunks; the context
+        is whole chunks, so that the score pattern's chunks are the rollout's. Returns it and how many
+        context frames come before the judged ones."""
+        g = self.teacher.config.generation
+        sinks = min(g.sink_frames, first)
+        start = max(sinks, first - g.window_frames)
+        start -= -(sinks + first - start) % self.rollout.chunk_frames
+        if start <= sinks:  # nothing between the sinks and the window to leave out
+            return rolled, first
+        return torch.cat([rolled[:, :, :sinks], rolled[:, :, start:]], dim=2), sinks + first - start
+
+    def score_sigmas(self, batch: int, context: int, generator: torch.Generator) -> torch.Tensor:
+        """Per-frame noise levels for the score models: 0 on ``context`` frames, then the judged
+        chunks' levels (:func:`sample_sigmas`)."""
+        c = self.config
+        sigma = sample_sigmas(batch, c.rollout_chunks, self.rollout.chunk_frames, c, self.shift, generator)
+        return torch.cat([torch.zeros(batch, context), sigma], dim=1)
+
     def exit_steps(self, rng: np.random.Generator) -> list[int]:
         c = self.config
         if c.exit_step == "last":
@@ -676,28 +707,36 @@ class Distiller:
         uncond = self.embed([self.teacher.config.generation.negative_prompt] * c.batch_size)
         noises = self.noises(c.batch_size, generator)
         exits = self.exit_steps(rng)
+        prefix = int(rng.integers(0, c.dmd_prefix_chunks + 1)) if c.dmd_prefix_chunks else 0
         train_generator = step % c.generator_every == 0
         step_generator = torch.Generator(self.device).manual_seed(c.seed * 7_919 + step)
         with torch.set_grad_enabled(train_generator):
             cond = conditioning(self.student, text)
-        video, _ = self.rollout.run(
+        noises = self.prefix_noises(step, prefix) + noises
+        last = self.student_schedule.num_steps - 1
+        rolled, _ = self.rollout.run(
             self.student,
             cond,
             noises,
-            exits,
+            [last] * prefix + list(exits),
             grad=train_generator,
+            grad_from=prefix,
             step_generators=[step_generator] * len(noises),
             write_generators=[step_generator] * len(noises),  # context noise, if any
         )
-        batch = video.shape[0]
         chunk_frames = self.rollout.chunk_frames
+        first = prefix * chunk_frames
+        video = rolled[:, :, first:]  # the judged chunks
+        before = rolled[:, :, first - 1 : first].detach() if prefix else None
+        scored, context = self.scored_frames(rolled, first)
+        batch = video.shape[0]
         out: dict[str, torch.Tensor] = {}
         loss = torch.zeros((), device=self.device)
         if train_generator:
-            sigma = sample_sigmas(batch, c.rollout_chunks, chunk_frames, c, self.shift, generator)
-            noise = torch.randn(video.shape, generator=generator).to(self.device)
+            sigma = self.score_sigmas(batch, context, generator)
+            noise = torch.randn(scored.shape, generator=generator).to(self.device)
             out["generator_loss"] = dmd_loss(
-                video,
+                scored,
                 self.real,
                 self.modules.fake_score,
                 text,
@@ -707,6 +746,7 @@ class Distiller:
                 self.pattern,
                 c.teacher_guidance,
                 self.autocast,
+                context_frames=context,
             )
             loss = loss + out["generator_loss"]
             if c.regression_weight > 0:
@@ -730,7 +770,7 @@ class Distiller:
                     decoded.update(self.decoded_losses(window, prompts, first, before, terms=later))
                 early = c.decoded_on - later
                 if early:
-                    decoded.update(self.decoded_losses(video, prompts, terms=early))
+                    decoded.update(self.decoded_losses(video, prompts, first, before, terms=early))
                 out.update(decoded)
                 for name, weight in (
                     ("motion_loss", c.motion_weight),
@@ -741,10 +781,21 @@ class Distiller:
                 ):
                     if name in decoded:
                         loss = loss + weight * decoded[name]
-        sigma = sample_sigmas(batch, c.rollout_chunks, chunk_frames, c, self.shift, generator)
-        noise = torch.randn(video.shape, generator=generator).to(self.device)
+        sigma = self.score_sigmas(batch, context, generator)
+        noise = torch.randn(scored.shape, generator=generator).to(self.device)
+        judged = None
+        if context:  # the fake score learns the judged chunks only, read after the same context
+            judged = torch.ones((batch, scored.shape[2], *scored.shape[3:]), device=self.device)
+            judged[:, :context] = 0
         out["critic_loss"] = flow_matching_loss(
-            self.modules.fake_score, video, text, sigma.to(self.device), noise, self.pattern, self.autocast
+            self.modules.fake_score,
+            scored,
+            text,
+            sigma.to(self.device),
+            noise,
+            self.pattern,
+            self.autocast,
+            weight=judged,
         )
         out["loss"] = loss + out["critic_loss"]
         return out

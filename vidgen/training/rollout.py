@@ -277,9 +277,12 @@ def dmd_loss(
     pattern: AttentionPattern | None,
     guidance_scale: float,
     autocast: torch.dtype | None = None,
+    context_frames: int = 0,
 ) -> torch.Tensor:
     """Distribution matching (DMD2): a loss whose gradient on ``video`` is the difference of the fake
-    and real clean estimates of the noised video, normalised by the real estimate's distance."""
+    and real clean estimates of the noised video, normalised by the real estimate's distance. The
+    first ``context_frames`` latent frames are context the score models read (give them sigma 0)
+    and the loss leaves out."""
     with torch.no_grad():
         noisy = add_noise(video.detach(), noise, sigma_frames[:, None, :, None, None])
         fake_x0 = clean_estimate(fake, noisy, sigma_frames, text, pattern, autocast=autocast)
@@ -293,10 +296,13 @@ def dmd_loss(
             guidance_scale=guidance_scale,
             autocast=autocast,
         )
-        normalizer = (video.detach() - real_x0).abs().mean(dim=(1, 2, 3, 4), keepdim=True).clamp(min=1e-6)
-        direction = torch.nan_to_num((fake_x0 - real_x0) / normalizer)
-    target = (video - direction).detach()
-    return 0.5 * (video.float() - target).square().mean()
+        judged = slice(context_frames, None)
+        distance = (video.detach() - real_x0)[:, :, judged]
+        normalizer = distance.abs().mean(dim=(1, 2, 3, 4), keepdim=True).clamp(min=1e-6)
+        direction = torch.nan_to_num((fake_x0 - real_x0)[:, :, judged] / normalizer)
+    judged_video = video[:, :, judged]
+    target = (judged_video - direction).detach()
+    return 0.5 * (judged_video.float() - target).square().mean()
 
 
 def flow_matching_loss(
