@@ -765,9 +765,9 @@ class Distiller:
                 later = c.later_terms
                 decoded = {}
                 if c.decoded_prefix_chunks:
-                    prefix = int(rng.integers(0, c.decoded_prefix_chunks + 1))
-                    window, first, before = self.later_rollout(step, cond, exits, prefix)
-                    decoded.update(self.decoded_losses(window, prompts, first, before, terms=later))
+                    drawn = int(rng.integers(0, c.decoded_prefix_chunks + 1))
+                    window, at, previous = self.later_rollout(step, cond, exits, drawn)
+                    decoded.update(self.decoded_losses(window, prompts, at, previous, terms=later))
                 early = c.decoded_on - later
                 if early:
                     decoded.update(self.decoded_losses(video, prompts, first, before, terms=early))
