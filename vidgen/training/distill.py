@@ -260,10 +260,11 @@ class Distiller:
         with torch.no_grad():
             return text_embeddings(self.teacher.text_encoder, prompts, self.teacher.config, self.device)
 
-    def noises(self, batch: int, generator: torch.Generator) -> list[torch.Tensor]:
+    def noises(self, batch: int, generator: torch.Generator, count: int | None = None) -> list[torch.Tensor]:
+        """``count`` chunks' starting noise (default ``rollout_chunks``), drawn from ``generator``."""
+        count = self.config.rollout_chunks if count is None else count
         return [
-            torch.randn((batch, *self.chunk_shape), generator=generator).to(self.device)
-            for _ in range(self.config.rollout_chunks)
+            torch.randn((batch, *self.chunk_shape), generator=generator).to(self.device) for _ in range(count)
         ]
 
     # ---------------------------------------------------------------- ode stage
@@ -623,10 +624,7 @@ class Distiller:
         """The later rollout's chunk noises at ``step``: ``prefix + rollout_chunks`` of them."""
         c = self.config
         generator = torch.Generator().manual_seed(c.seed * 1_000_033 + step)
-        return [
-            torch.randn((c.batch_size, *self.chunk_shape), generator=generator).to(self.device)
-            for _ in range(prefix + c.rollout_chunks)
-        ]
+        return self.noises(c.batch_size, generator, prefix + c.rollout_chunks)
 
     def later_rollout(
         self, step: int, cond, exits: list[int], prefix: int
@@ -657,10 +655,7 @@ class Distiller:
         """The noises of the ``dmd_prefix_chunks`` prefix's ``prefix`` chunks at ``step``."""
         c = self.config
         generator = torch.Generator().manual_seed(c.seed * 1_000_037 + step)
-        return [
-            torch.randn((c.batch_size, *self.chunk_shape), generator=generator).to(self.device)
-            for _ in range(prefix)
-        ]
+        return self.noises(c.batch_size, generator, prefix)
 
     def scored_frames(self, rolled: torch.Tensor, first: int) -> tuple[torch.Tensor, int]:
         """What the score models see of a rollout whose judged chunks start at latent frame ``first``:
