@@ -94,10 +94,10 @@ EQUIVALENT: dict[str, dict[str, str]] = {
     "models/kv_cache.py": {
         "self.version = 0 :: `0` -> `1`#1": "the version is only compared with itself: any start does",
         "self.version += 1 :: `1` -> `2`#1": "any increase marks the change (reset)",
-        "self.version += 1 :: `1` -> `2`#2": "any increase marks the change (entering sinks_only)",
-        "self.version += 1 :: `1` -> `2`#3": "any increase marks the change (leaving sinks_only)",
+        "self.version += 1 :: `1` -> `2`#2": "any increase marks the change (entering showing)",
+        "self.version += 1 :: `1` -> `2`#3": "any increase marks the change (leaving showing)",
         "self.version += 1 :: `1` -> `2`#4": "any increase marks the change (commit)",
-        "self.slot_frames = [f if s < self.sink_frames else -1 for s, f in enumerate(before)] :: `1` -> `2`#1": (
+        "self.slot_frames = [f if f in frames else -1 for f in before] :: `1` -> `2`#1": (
             "any negative frame marks an empty slot"
         ),
         "if frame < self.sink_frames: :: `<` -> `<=`#1": "frame sink_frames maps to slot sink_frames either way",

@@ -24,15 +24,45 @@ from vidgen.models.transformer import CausalWanTransformer
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def _config_parts(config: dict) -> tuple[dict, dict]:
-    """A user's config.json split into (diffusers-named overrides, Wan-named original config)."""
+# keys of published config.json files that say nothing about the weights' geometry, and where vidgen
+# keeps what they mean instead
+NOT_GEOMETRY = {
+    "text_len": "prompt length: the config's model.text_max_length",
+    "local_attn_size": "attention window: the preset's generation.sink_frames + window_frames + chunk_frames",
+    "sink_size": "attention sink: the preset's generation.sink_frames",
+    "num_frame_per_block": "chunk size: the preset's generation.chunk_frames",
+    "window_size": "Wan's bidirectional window (-1, -1): unused by a causal model",
+    "timestep_shift": "the preset's generation.shift",
+    "model_type": "t2v, checked",
+}
+
+
+def _config_parts(config: object) -> tuple[dict, dict, dict[str, str]]:
+    """A published config.json (Wan 2.1's, diffusers', a causal repository's) split into
+    (diffusers-named overrides, Wan-named original config, ignored key -> why)."""
+    if not isinstance(config, dict):
+        raise ValueError(f"the config must be a JSON object of settings, not a {type(config).__name__}")
     config = {k: v for k, v in config.items() if not k.startswith("_")}
+    if isinstance(config.get("qk_norm"), bool):  # Wan's flag: its RMSNorm over all heads
+        config["qk_norm"] = "rms_norm_across_heads" if config["qk_norm"] else None
     known = set(inspect.signature(CausalWanTransformer.__init__).parameters) & set(config)
     wan_names = set(wan_checkpoint.WAN_CONFIG_NAMES) | {"dim", "model_type"}
-    unknown = sorted(set(config) - known - wan_names)
-    if unknown:
-        raise ValueError(f"unknown config keys {unknown}: give diffusers' or Wan's config names")
-    return {k: config[k] for k in known}, {k: v for k, v in config.items() if k in wan_names}
+    ignored = {
+        k: NOT_GEOMETRY.get(k, "not a setting of the weights") for k in config if k not in known | wan_names
+    }
+    if "model_type" in config:
+        ignored.pop("model_type", None)
+    return (
+        {k: config[k] for k in known},
+        {k: v for k, v in config.items() if k in wan_names},
+        ignored,
+    )
+
+
+def ignored_config_keys(config: object) -> dict[str, str]:
+    """The keys of a config.json that conversion does not use, each with where vidgen keeps what
+    it means (``vidgen convert`` reports them)."""
+    return _config_parts(config)[2]
 
 
 def convert_checkpoint(
@@ -46,7 +76,9 @@ def convert_checkpoint(
     config: dict | None = None,
 ) -> CausalWanTransformer:
     """Write ``out_dir`` (diffusers layout) from ``checkpoint``; returns the model written.
-    Raises ``ValueError`` / ``FileNotFoundError`` with a message that says what is wrong."""
+    ``config``: a published config.json's settings; the geometry's keys are used, the others
+    (:func:`ignored_config_keys`) are not. Raises ``ValueError`` / ``FileNotFoundError`` with a
+    message that says what is wrong."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     path = Path(checkpoint)
@@ -58,7 +90,7 @@ def convert_checkpoint(
     if "patch_embedding.weight" not in state:
         raise ValueError(f"{path}: no Wan 2.1 transformer weights found (e.g. {sorted(state)[:3]})")
 
-    overrides, original = _config_parts(config or {})
+    overrides, original, _ = _config_parts(config or {})
     geometry = wan_checkpoint.config_from_original(None, state, overrides, original=original)
     with torch.device("meta"):
         model = CausalWanTransformer(**geometry)

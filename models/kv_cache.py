@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -118,24 +118,25 @@ class KVCache(nn.Module):
         self.version += 1
 
     @contextlib.contextmanager
-    def sinks_only(self) -> Iterator[None]:
-        """Inside, the cache shows attention only its sink frames; frames written inside are held
-        afterwards beside the window frames held before (except those whose slots they took).
-
-        The cache pass writes each chunk of context this way, so that a window frame's keys and
-        values depend on the sinks and its own chunk alone, never on frames that have left the
-        window: a resumed video can rebuild them exactly from the latents it holds."""
+    def showing(self, frames: Collection[int]) -> Iterator[None]:
+        """Inside, the cache shows attention only those of its frames that are in ``frames``;
+        frames written inside are held afterwards beside the ones held before (except those whose
+        slots they took)."""
         before = list(self.slot_frames)
-        self.slot_frames = [f if s < self.sink_frames else -1 for s, f in enumerate(before)]
+        self.slot_frames = [f if f in frames else -1 for f in before]
         self.version += 1
         try:
             yield
         finally:
-            after = self.slot_frames
-            self.slot_frames = [
-                a if s < self.sink_frames or a >= 0 else b for s, (a, b) in enumerate(zip(after, before))
-            ]
+            self.slot_frames = [a if a >= 0 else b for a, b in zip(self.slot_frames, before)]
             self.version += 1
+
+    def sinks_only(self) -> contextlib.AbstractContextManager[None]:
+        """:meth:`showing` the sinks alone. The ``sinks`` context pass writes each chunk of context
+        this way, so that a window frame's keys and values depend on the sinks and its own chunk
+        alone, never on frames that have left the window: a resumed video can rebuild them exactly
+        from the latents it holds."""
+        return self.showing(range(self.sink_frames))
 
     # ---------------------------------------------------------------- reading
     # The bookkeeping is plain Python: under torch.compile it runs eagerly (a graph break), so the
@@ -166,11 +167,13 @@ class KVCache(nn.Module):
     def write(self, layer: int | slice, key: torch.Tensor, value: torch.Tensor, first_frame: int) -> None:
         """Store one layer's un-rotated ``key``/``value`` (B, F * frame_tokens, H, D) of frames
         ``first_frame .. first_frame + F - 1``; with ``layer`` a slice, the stacked keys/values of
-        those layers, (L, B, F * frame_tokens, H, D). Call :meth:`commit` once all layers have written."""
+        those layers, (L, B, F * frame_tokens, H, D). Call :meth:`commit` once all layers have written.
+        Where two of the frames share a slot, the newer one is kept (as :meth:`commit` records)."""
         t = self.frame_tokens
         num_frames = key.shape[-3] // t
-        slots = [self.slot_of(first_frame + i) for i in range(num_frames)]
-        kept = [(i, s) for i, s in enumerate(slots) if s is not None]
+        # more frames than slots (a joint re-cache pass): the newest frame of each slot is kept
+        newest = {self.slot_of(first_frame + i): i for i in range(num_frames)}
+        kept = sorted((i, s) for s, i in newest.items() if s is not None)
         if not kept:
             return
         src = [i for i, _ in kept]

@@ -701,6 +701,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
         frame_offset: int = 0,
         update_cache: bool = False,
         rope_mode: RopePositionMode | str = RopePositionMode.ABSOLUTE,
+        position_shift: int | None = None,
         sequence_parallel: SequenceParallel | None = None,
         return_dict: bool = True,
     ) -> Transformer2DModelOutput | tuple[torch.Tensor]:
@@ -714,6 +715,9 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
             kv_cache: cache of earlier frames; ``hidden_states`` then starts at latent frame
                 ``frame_offset``. With ``update_cache`` its keys/values are written into the cache.
             rope_mode: temporal positions scheme, see :mod:`vidgen.models.rope`.
+            position_shift: how far the frames after the cache's sinks are moved down in position,
+                given explicitly (None: as ``rope_mode`` places them, :func:`rope_shift`); Rolling
+                Forcing's calls place the sinks just before the newest frames they see this way.
             sequence_parallel: run the blocks on this process's shard of the tokens; every process of
                 the group makes the same call and gets the whole output. ``kv_cache`` is then this
                 process's shard of the cache (made by the sequence-parallel group).
@@ -739,7 +743,9 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
         device = hidden_states.device
         sinks = kv_cache.sink_frames if kv_cache is not None else 0
         window = kv_cache.window_frames if kv_cache is not None else 0
-        shift = rope_shift(frame_offset, rope_mode, sinks, window)
+        shift = (
+            rope_shift(frame_offset, rope_mode, sinks, window) if position_shift is None else position_shift
+        )
         if frame_offset + frames - shift > self.config.rope_max_seq_len:
             raise ValueError(
                 f"latent frame position {frame_offset + frames - 1 - shift} is beyond rope_max_seq_len="

@@ -5,6 +5,11 @@ context; ``write_context`` then runs the transformer once more on the finished c
 re-noised to a small level (``addnoise_condition``, which makes the model forgive its own small
 errors in the context) -- with ``update_cache=True`` so the following chunks attend to it.
 
+What that context pass attends to is ``generation.context_pass``: ``window`` (the published
+systems) runs it against everything the cache holds (:meth:`ChunkDenoiser.write_context` as is,
+and :func:`recache_window` for a re-cache); ``sinks`` writes every non-sink chunk seeing only the
+sinks and itself (:func:`write_held`), so the cache is a function of the latents it holds.
+
 Classifier-free guidance batches the conditional and unconditional branches together; the cache
 then holds both (batch 2B), since their keys and values differ after the first cross-attention.
 """
@@ -88,6 +93,39 @@ def write_held(
     return dict.fromkeys(groups, key)
 
 
+def recache_window(
+    denoiser: ChunkDenoiser,
+    cache: KVCache,
+    held: Mapping[int, torch.Tensor],
+    conditioning: Conditioning,
+    generator: torch.Generator | None = None,
+) -> None:
+    """LongLive's re-cache at a prompt switch (``context_pass = "window"``): one pass of the model at
+    the context noise level over the latest frames, under ``conditioning`` (the new prompt), the
+    frames attending to each other both ways (one call, no mask) and to the sinks.
+
+    Its attention span is ``sinks + window + chunk`` latent frames (LongLive's ``local_attn_size``).
+    While the video is no longer than that, every frame is re-written, the sinks included; past it,
+    the sinks keep the keys and values they were written with and the newest ``window + chunk``
+    frames are re-written (of which the cache keeps the newest ``window``: the oldest chunk of them
+    leaves when the next chunk arrives, as in LongLive's cache). ``held``: latent frame -> clean
+    (B, C, 1, h, w), holding at least the sinks and those newest frames."""
+    sinks, window, chunk = cache.sink_frames, cache.window_frames, denoiser.chunk_frames
+    end = max(held) + 1
+    context: contextlib.AbstractContextManager[None]
+    if end <= sinks + window + chunk:
+        joint, context = list(range(end)), contextlib.nullcontext()
+        cache.reset()
+    else:
+        joint, context = list(range(end - window - chunk, end)), cache.sinks_only()
+    missing = [f for f in joint if f not in held]
+    if missing:
+        raise RuntimeError(f"the re-cache needs latent frames {missing}, which are no longer held")
+    latents = torch.cat([held[f] for f in joint], dim=2)
+    with context:
+        denoiser.write_context(latents, conditioning, cache, joint[0], generator, joint=True)
+
+
 class ChunkDenoiser:
     def __init__(
         self,
@@ -109,9 +147,14 @@ class ChunkDenoiser:
         self.attention = attention
         """``dense`` or ``radial`` (``generation.attention``)."""
 
-    def _pattern(self, latents: torch.Tensor, cache: KVCache, frame_offset: int) -> AttentionPattern | None:
+    def _pattern(
+        self, latents: torch.Tensor, cache: KVCache, frame_offset: int, joint: bool = False
+    ) -> AttentionPattern | None:
         """Dense: block-causal among several chunks in flight, one chunk sees everything it is given.
-        Radial: the frame layout of [cached frames | these frames] for a radial pattern."""
+        Radial: the frame layout of [cached frames | these frames] for a radial pattern. ``joint``
+        (a re-cache pass): every frame sees everything it is given."""
+        if joint:
+            return None
         frames, height, width = latents.shape[2:]
         if self.attention == "radial":
             return AttentionPattern.radial(
@@ -133,22 +176,39 @@ class ChunkDenoiser:
         cache: KVCache,
         frame_offset: int,
         update_cache: bool = False,
+        joint: bool = False,
+        position_shift: int | None = None,
     ) -> torch.Tensor:
-        """Guided velocity for ``latents`` (B, C, F, h, w) at per-frame noise levels ``sigmas`` (B, F)."""
+        """Guided velocity for ``latents`` (B, C, F, h, w) at per-frame noise levels ``sigmas`` (B, F);
+        ``joint``: the frames attend to each other both ways (a re-cache pass, Rolling Forcing's
+        window); ``position_shift``: the model's, given explicitly."""
         guided = conditioning.guided
         x = torch.cat([latents, latents]) if guided else latents
         sig = torch.cat([sigmas, sigmas]) if guided else sigmas
         with torch.autocast(
             x.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None
         ):
-            velocity = self._call_model(x, sig, conditioning, cache, frame_offset, update_cache, latents)
+            velocity = self._call_model(
+                x, sig, conditioning, cache, frame_offset, update_cache, latents, joint, position_shift
+            )
         velocity = velocity.float()
         if not guided:
             return velocity
         cond, uncond = velocity.chunk(2)
         return uncond + conditioning.guidance_scale * (cond - uncond)
 
-    def _call_model(self, x, sig, conditioning, cache, frame_offset, update_cache, latents) -> torch.Tensor:
+    def _call_model(
+        self,
+        x,
+        sig,
+        conditioning,
+        cache,
+        frame_offset,
+        update_cache,
+        latents,
+        joint=False,
+        position_shift=None,
+    ) -> torch.Tensor:
         return self.model(
             x.to(self.model.dtype),
             timestep_of(sig).to(self.model.dtype),
@@ -157,7 +217,8 @@ class ChunkDenoiser:
             frame_offset=frame_offset,
             update_cache=update_cache,
             rope_mode=self.rope_mode,
-            attention_pattern=self._pattern(latents, cache, frame_offset),
+            position_shift=position_shift,
+            attention_pattern=self._pattern(latents, cache, frame_offset, joint),
             return_dict=False,
         )[0]
 
@@ -193,8 +254,10 @@ class ChunkDenoiser:
         cache: KVCache,
         frame_offset: int,
         generator: torch.Generator | None = None,
+        joint: bool = False,
     ) -> None:
-        """Run the model on the finished chunk at the context noise level, writing its K/V."""
+        """Run the model on the finished chunk at the context noise level, writing its K/V; it
+        attends to what ``cache`` shows and to itself (``joint``: its frames both ways)."""
         batch, _, frames = clean.shape[:3]
         sigma = self.context_noise
         context = clean
@@ -203,4 +266,4 @@ class ChunkDenoiser:
             context = add_noise(clean, noise, sigma)
         sigmas = torch.full((batch, frames), sigma, device=clean.device)
         # the prediction itself is not needed, only the keys/values written on the way
-        self.predict(context, sigmas, conditioning, cache, frame_offset, update_cache=True)
+        self.predict(context, sigmas, conditioning, cache, frame_offset, update_cache=True, joint=joint)

@@ -1,4 +1,5 @@
-"""Finding and loading a pipeline's components from local folders (never from a hub).
+"""Finding and loading a pipeline's components from local folders, or from Hugging Face Hub ids
+fetched into its cache (:mod:`vidgen.pipelines.hub`; never at import, and not at all offline).
 
 A saved pipeline is a folder::
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from vidgen.config import ConfigError, VidgenConfig, load_config
+from vidgen.pipelines import hub
 from vidgen.validation import InputError
 
 
@@ -38,7 +40,9 @@ def resolve_model(
     path_or_name: str | os.PathLike | None, config: VidgenConfig | None
 ) -> tuple[Path, VidgenConfig]:
     """Folder and config for ``from_pretrained``'s argument: None (the embedded model), a preset
-    name (its ``model.path`` must then point at weights), or a folder."""
+    name (its ``model.path``: a folder or hub id), a folder, or a hub id (``owner/name``)."""
+    if path_or_name in (None, "", "default") and config is not None and config.model.path:
+        return resolve_model(config.model.path, config)  # a preset's own weights
     if path_or_name in (None, "", "default"):
         folder = default_model_dir()
         if not (folder / "model_index.json").is_file():
@@ -47,18 +51,23 @@ def resolve_model(
             )
         return folder, config or _folder_config(folder)
     path = Path(path_or_name).expanduser()
+    if not path.exists() and hub.hub_reference(path_or_name) is not None:
+        # a replaced transformer's weights are not fetched (its config.json is: the geometry)
+        replaced = config is not None and bool(config.model.transformer)
+        ignore = ["transformer/*.safetensors", "transformer/*.bin", "transformer/*.pth"] if replaced else None
+        path = hub.resolve(path_or_name, ignore_patterns=ignore)
     if not path.exists():
         try:
             preset = load_config(str(path_or_name))
         except ConfigError:
             raise ModelLoadError(
                 f"no model folder at {path} and no preset named {str(path_or_name)!r} "
-                "(vidgen never downloads weights: pass a local folder)"
+                "(a Hugging Face id is owner/name)"
             ) from None
         if not preset.model.path:
             raise ModelLoadError(
-                f"preset {str(path_or_name)!r} needs local weights: pass --model /path/to/folder "
-                "(or set model.path in the config)"
+                f"preset {str(path_or_name)!r} names no weights: pass --model with a folder or a "
+                "Hugging Face id (or set model.path in the config)"
             )
         return resolve_model(preset.model.path, config or preset)
     if not path.is_dir():
@@ -92,14 +101,15 @@ def _dtype(name: str) -> torch.dtype:
 def load_transformer(folder: Path, config: VidgenConfig):
     from vidgen.models import CausalWanTransformer
 
-    source = (
-        Path(config.model.transformer).expanduser() if config.model.transformer else folder / "transformer"
-    )
+    source = hub.resolve(config.model.transformer) if config.model.transformer else folder / "transformer"
     geometry = None
     base_config = folder / "transformer" / "config.json"
     if config.model.transformer and base_config.is_file():
         # a causal checkpoint in the original layout has no config: it shares the folder's geometry
         geometry = {k: v for k, v in json.loads(base_config.read_text()).items() if not k.startswith("_")}
+    if source.is_file() and source.suffix in (".pt", ".pth", ".ckpt"):  # a published training checkpoint
+        dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(config.runtime.dtype, "fp32")
+        source = hub.converted_checkpoint(source, config.model.transformer_key, dtype, geometry)
     try:
         model = CausalWanTransformer.from_pretrained(
             source, torch_dtype=_dtype(config.runtime.dtype), config_overrides=geometry
@@ -156,7 +166,10 @@ def save_components(folder: Path, transformer, vae, text_encoder, config: Vidgen
         text_encoder.tokenizer.save_pretrained(folder / "tokenizer")
     (folder / "model_index.json").write_text(json.dumps(index, indent=2))
     # the transformer saved is the one loaded, config LoRAs fused in
-    saved = config.replace(**{"model.path": "", "model.transformer": "", "model.loras": []})
+    saved = config.replace(
+        **{"model.path": "", "model.transformer": "", "model.transformer_key": "", "model.transformer_lora": "",
+           "model.loras": []}
+    )  # fmt: skip
     (folder / "vidgen.toml").write_text(saved.to_toml())
 
 

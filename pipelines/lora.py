@@ -19,6 +19,7 @@ from diffusers.loaders import WanLoraLoaderMixin
 
 from vidgen.config import parse_lora_spec
 from vidgen.models.lora import check_lora_keys, normalize_lora_state_dict, read_lora_file
+from vidgen.pipelines import hub
 from vidgen.pipelines.loading import ModelLoadError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,7 +36,7 @@ def _lora_file(path: Path) -> Path:
             raise ModelLoadError(f"{path}: expected one LoRA .safetensors or .pt file, found {len(files)}")
         return files[0]
     if not path.is_file():
-        raise ModelLoadError(f"no LoRA file at {path} (vidgen never downloads weights)")
+        raise ModelLoadError(f"no LoRA file at {path} (a Hugging Face id is owner/name/file)")
     return path
 
 
@@ -60,8 +61,8 @@ class LongVideoLoraLoaderMixin(WanLoraLoaderMixin):
     def lora_state_dict(  # type: ignore[override]
         cls, pretrained_model_name_or_path_or_dict: str | os.PathLike | dict[str, torch.Tensor], **kwargs
     ):
-        """A LoRA (a local file or folder, or a state dict) in diffusers' ``transformer.*`` keys.
-        Never downloads; ``.pt`` files are read with ``torch.load(weights_only=True)``."""
+        """A LoRA (a local file or folder, a hub id ``owner/name/file``, or a state dict) in
+        diffusers' ``transformer.*`` keys; ``.pt`` files are read with ``torch.load(weights_only=True)``."""
         return_metadata = kwargs.pop("return_lora_metadata", False)
         weight_name = kwargs.pop("weight_name", None)  # a file inside a folder, as in diffusers
         source = pretrained_model_name_or_path_or_dict
@@ -69,8 +70,12 @@ class LongVideoLoraLoaderMixin(WanLoraLoaderMixin):
             if isinstance(source, dict):
                 state = normalize_lora_state_dict(source)
             else:
-                path = Path(source).expanduser()
-                path = _lora_file(path / weight_name if weight_name else path)
+                reference = hub.hub_reference(source)
+                if weight_name and reference is not None and reference[1] is None:
+                    path = _lora_file(hub.fetch_file(reference[0], weight_name))
+                else:
+                    path = hub.resolve(source)
+                    path = _lora_file(path / weight_name if weight_name else path)
                 state = normalize_lora_state_dict(read_lora_file(path))
         except ModelLoadError:
             raise

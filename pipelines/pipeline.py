@@ -134,9 +134,10 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         config: VidgenConfig | str | None = None,
         **overrides,
     ) -> LongVideoPipeline:
-        """Load from a local folder, a preset name in ``configs/``, or (no argument) the embedded
-        default model. ``config`` (a VidgenConfig, preset name or TOML path) replaces the folder's
-        own; ``overrides`` are ``"table.key": value`` pairs. Never downloads anything."""
+        """Load from a local folder, a Hugging Face id (``owner/name``, as diffusers; fetched into
+        its cache unless ``HF_HUB_OFFLINE=1``), a preset name in ``configs/`` (its weights' ids),
+        or (no argument) the embedded default model. ``config`` (a VidgenConfig, preset name or
+        TOML path) replaces the folder's own; ``overrides`` are ``"table.key": value`` pairs."""
         from vidgen.config import load_config
 
         if isinstance(config, (str, os.PathLike)):
@@ -149,7 +150,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         vae = loading.load_vae(folder, config)
         text_encoder = loading.load_text_encoder(folder, config)
         pipe = cls(transformer, vae, text_encoder, config)
-        pipe.apply_config_loras(config.model.loras)
+        pipe.apply_config_loras([*filter(None, [config.model.transformer_lora]), *config.model.loras])
         device = pipe.device_from_config()
         if config.runtime.quantize != "none":
             pipe.quantize(config.runtime.quantize, config.runtime.quantize_text_encoder, device)
@@ -427,6 +428,16 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         guidance = g.guidance_scale if guidance_scale is None else guidance_scale
         check_memory(self, config, height, width, guidance)
         planner = self._planner(config, changes, steps or g.num_inference_steps)
+        if g.rope_mode == "absolute" and num_frames is not None:
+            positions = self.transformer.config.rope_max_seq_len
+            for chunk in planner.chunks(num_frames):
+                if chunk.latent_end > positions:
+                    raise InputError(
+                        f"{num_frames} frames need latent frame positions past {positions} (the model's "
+                        f"rope_max_seq_len), where positions at each frame's index (generation.rope_mode = "
+                        f"'absolute', as the published model) end; make the video at most "
+                        f"{chunk.frame_start / g.fps:g} s, or set generation.rope_mode=rolling"
+                    )
         return planner, num_frames, height, width
 
     # ------------------------------------------------------------------ streaming
@@ -509,7 +520,19 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         planner = self._planner(
             config, changes, steps, prefix_latents=prefix.shape[2] if prefix is not None else 0
         )
-        run = VideoRun(self, config, planner, latent_h, latent_w, guidance, seed, steps, decode=decode)
+        run = VideoRun(
+            self,
+            config,
+            planner,
+            latent_h,
+            latent_w,
+            guidance,
+            seed,
+            steps,
+            decode=decode,
+            num_frames=num_frames,
+        )
+        run.keep_replay = state_path is not None
         resumed_from = -1
         if resume and state_path is not None and Path(state_path).is_file():
             with attention_backend(backend):

@@ -125,7 +125,7 @@ class ChunkPlanner:
 
     def chunks(self, num_frames: int | None = None) -> Iterator[PlannedChunk]:
         """Chunks until ``num_frames`` video frames exist (None: without end)."""
-        diffusion_forcing = self.mode == GenerationMode.DIFFUSION_FORCING
+        diffusion_forcing = self.mode.staggered
         index = 0
         latent = self.prefix_latents
         frames_done = 0

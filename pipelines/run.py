@@ -10,6 +10,13 @@ SkyReels-V2 diffusion-forcing loop reads its step matrix.
 
 Every random draw comes from ``(seed, chunk or frame, purpose)``, so a chunk is the same whether the
 video is streamed, collected or resumed.
+
+Resume depends on ``generation.context_pass``. With ``sinks`` the cache is a function of the few
+latents it holds, and a state holds just those. With ``window`` (the published systems) a chunk's
+keys and values depend on every chunk before it, so a state holds the latents of every chunk made
+since the last KV snapshot (``runtime.kv_snapshot_every``; none: since the start), and resuming
+replays their context passes -- one model call per chunk instead of a chunk's several -- from the
+snapshot: the same calls on the same inputs, so the same cache.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from safetensors.torch import load_file, save_file
 
 from vidgen.config import GenerationConfig, VidgenConfig, cpu_has_native_bf16
 from vidgen.models import KVCache, drop_cast_weights
-from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning, write_held
+from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning, context_groups, recache_window, write_held
 from vidgen.pipelines.drift import DriftMeasures, DriftMonitor, StatsAnchor
 from vidgen.pipelines.plan import ChunkPlanner, DriftAction, GenerationMode, PlannedChunk
 from vidgen.pipelines.scheduler import FlowSchedule
@@ -122,8 +129,11 @@ class VideoRun:
         seed: int,
         steps: int,
         decode: bool = True,
+        num_frames: int | None = None,
     ) -> None:
         g, d = config.generation, config.drift
+        self.num_frames = num_frames
+        """The video's length (None: without end): the chunks in flight stop at its last chunk."""
         self.pipe = pipe
         # asked for every chunk: the model's answer walks its modules (diffusers), and no
         # device changes during a video
@@ -154,6 +164,13 @@ class VideoRun:
             attention=g.attention,
         )
         self.history: dict[int, torch.Tensor] = {}  # latent frame -> (1, C, 1, h, w), the cached frames
+        self.window_context = g.context_pass == "window"
+        # window: what a state holds to replay the cache (see the module's docstring); the stream
+        # turns keep_replay on when it saves states, so a live video's memory stays bounded
+        self.keep_replay = False
+        self.replay: dict[int, torch.Tensor] = {}
+        self.snapshot_every = config.runtime.kv_snapshot_every
+        self._snapshot_chunk = -1
         # a group of frames in the cache -> the conditioning it was written under (write_held)
         self._written: dict[tuple[int, ...], Hashable] = {}
         self.decoder = streaming_decoder(pipe.vae) if decode else None  # None: decoded elsewhere
@@ -173,12 +190,53 @@ class VideoRun:
     # -------------------------------------------------------------- cache
     def _hold(self, latents: torch.Tensor, first_frame: int) -> None:
         """Add a chunk's clean latents to the history and drop the frames the cache no longer
-        holds: a frame keeps its sink or window slot until a later frame takes it."""
+        holds: a frame keeps its sink or window slot until a later frame takes it. With the
+        ``window`` context pass, the newest chunk before the window stays too: LongLive's re-cache
+        reads ``window + chunk`` frames (:func:`recache_window`)."""
         for i in range(latents.shape[2]):
-            self.history[first_frame + i] = latents[:, :, i : i + 1]
+            clean = latents[:, :, i : i + 1]
+            self.history[first_frame + i] = clean
+            if self.keep_replay and self.window_context:
+                self.replay[first_frame + i] = clean
         held = self.cache.frames_kept(self.history)
+        if self.window_context:
+            g = self.config.generation
+            newest = max(self.history)
+            held |= {f for f in self.history if f > newest - g.window_frames - g.chunk_frames}
         for frame in [f for f in self.history if f not in held]:
             del self.history[frame]
+
+    def _context_generator(self, first_frame: int) -> torch.Generator:
+        return _chunk_generator(self.seed, first_frame, 1, self.device)
+
+    @torch.no_grad()
+    def _write_chunk(self, chunk: PlannedChunk, conditioning: Conditioning, latents: torch.Tensor) -> None:
+        """The finished chunk joins the context: with the ``window`` context pass it is run against
+        everything the cache holds, as Self Forcing, CausVid and LongLive write it; with ``sinks``,
+        through the cache pass (:meth:`rebuild_cache`)."""
+        if not self.window_context:
+            self.rebuild_cache(chunk, conditioning)
+            return
+        start = chunk.latent_start
+        generator = self._context_generator(start)
+        if self.planner.mode == GenerationMode.ROLLING_FORCING:  # the newest span frames, itself included
+            span = self.config.generation.sink_frames + self.config.generation.window_frames
+            shown = [f for f in self.cache.cached_frames if f >= chunk.latent_end - span]
+            with self.cache.showing(shown):
+                self.denoiser.write_context(latents, conditioning, self.cache, start, generator)
+            return
+        self.denoiser.write_context(latents, conditioning, self.cache, start, generator)
+
+    @torch.no_grad()
+    def _write_prefix(self, prefix: torch.Tensor, conditioning: Conditioning) -> None:
+        """``window``: a clip's latents written chunk by chunk in order, each against the cache as
+        it stands (Self Forcing's ``initial_latent``)."""
+        for group in context_groups(range(prefix.shape[2]), self.denoiser.chunk_frames):
+            latents = prefix[:, :, group[0] : group[-1] + 1]
+            self.denoiser.write_context(
+                latents, conditioning, self.cache, group[0], self._context_generator(group[0])
+            )
+        self._hold(prefix, 0)
 
     @torch.no_grad()
     def rebuild_cache(self, chunk: PlannedChunk, conditioning: Conditioning, full: bool = False) -> None:
@@ -188,7 +246,19 @@ class VideoRun:
         resume), and a window frame's keys and values depend on the sinks, its own chunk and the
         conditioning alone, so a resumed video rebuilds exactly the cache the uninterrupted one
         had from the few latents its state holds. After a chunk only that chunk is written;
-        ``full`` (a clip, a re-cache, a resume) rewrites everything."""
+        ``full`` (a clip, a re-cache, a resume) rewrites everything.
+
+        With the ``window`` context pass this is a re-cache only: LongLive's one joint pass
+        (:func:`~vidgen.pipelines.denoiser.recache_window`)."""
+        if self.window_context:
+            recache_window(
+                self.denoiser,
+                self.cache,
+                self.history,
+                conditioning,
+                self._context_generator(max(self.history)),
+            )
+            return
         key = (chunk.prompt, chunk.previous_prompt, round(chunk.prompt_weight, 4))
         device = self.device
         self._written = write_held(
@@ -207,8 +277,12 @@ class VideoRun:
         """Write the clip's latents into the cache; returns its frames after the autoencoder round
         trip (None without a decoder here)."""
         first = next(iter(self.planner.chunks(None)))
-        self._hold(prefix, 0)
-        self.rebuild_cache(first, self.pipe._conditioning(first, self.guidance, negative), full=True)
+        conditioning = self.pipe._conditioning(first, self.guidance, negative)
+        if self.window_context:
+            self._write_prefix(prefix, conditioning)
+        else:
+            self._hold(prefix, 0)
+            self.rebuild_cache(first, conditioning, full=True)
         # warm the streaming decoder so the continuation decodes seamlessly
         if self.decoder is None:
             return None
@@ -234,7 +308,7 @@ class VideoRun:
             if corrected:
                 actions.append("anchor_correction")
         self._hold(latents, chunk.latent_start)
-        self.rebuild_cache(chunk, conditioning)  # the chunk joins the context
+        self._write_chunk(chunk, conditioning, latents)  # the chunk joins the context
         measures = self.monitor.measure(latents, self.anchor, corrected) if self.monitor is not None else None
 
         t2 = time.perf_counter()
@@ -272,7 +346,7 @@ class VideoRun:
             if isinstance(result, dict) and "latents" in result:
                 latents.copy_(result["latents"])
 
-        if self.planner.mode == GenerationMode.DIFFUSION_FORCING:
+        if self.planner.mode.staggered:
             return self._denoise_pipelined(chunk, conditioning, on_step)
         step_generator = _chunk_generator(self.seed, chunk.index, 4, self.device)
         return self.denoiser.denoise(
@@ -286,18 +360,40 @@ class VideoRun:
         )
 
     # -------------------------------------------------------------- diffusion forcing
-    def _peek_ahead(self) -> PlannedChunk:
-        """The next planned chunk not yet in flight (the plan, read ahead of the chunk loop)."""
+    def _peek_ahead(self) -> PlannedChunk | None:
+        """The next planned chunk not yet in flight (the plan, read ahead of the chunk loop); None
+        past the video's last chunk."""
         if self._ahead is None:
-            self._ahead = self.planner.chunks(None)
+            self._ahead = self.planner.chunks(self.num_frames)
         if self._next_ahead is None:
-            self._next_ahead = next(self._ahead)
+            self._next_ahead = next(self._ahead, None)
         return self._next_ahead
 
     def _take_ahead(self) -> PlannedChunk:
         chunk = self._peek_ahead()
+        assert chunk is not None  # taken only after a peek found one
         self._next_ahead = None
         return chunk
+
+    def _predict_in_flight(
+        self, x: torch.Tensor, sigmas: torch.Tensor, conditioning: Conditioning, first: int
+    ) -> torch.Tensor:
+        """One model call over the chunks in flight (``x``, from latent frame ``first``). Rolling
+        Forcing's: the chunks attend to each other both ways and see the sinks and the newest held
+        frames that fit in ``sink_frames + window_frames`` frames of attention, the sinks placed
+        just before those frames (its anchor, re-positioned)."""
+        if self.planner.mode != GenerationMode.ROLLING_FORCING:
+            return self.denoiser.predict(x, sigmas, conditioning, self.cache, first)
+        g = self.config.generation
+        budget = g.sink_frames + g.window_frames - x.shape[2] - g.sink_frames
+        earlier = sorted(f for f in self.cache.cached_frames if g.sink_frames <= f < first)
+        working = earlier[len(earlier) - budget :] if budget > 0 else []
+        shown = [*range(g.sink_frames), *working]
+        shift = first - len(working) - g.sink_frames if first > 0 else 0  # no sinks before chunk 0 is done
+        with self.cache.showing(shown):
+            return self.denoiser.predict(
+                x, sigmas, conditioning, self.cache, first, joint=True, position_shift=shift
+            )
 
     def _denoise_pipelined(self, chunk: PlannedChunk, conditioning: Conditioning, on_step) -> torch.Tensor:
         """Diffusion forcing: the planned chunks in flight at staggered noise levels, one model call
@@ -306,7 +402,7 @@ class VideoRun:
         schedule = self.denoiser.schedule
         last = chunk.first_iteration + len(chunk.sigmas) - 2  # the model call of its last step
         while self.iteration <= last:
-            while self._peek_ahead().first_iteration <= self.iteration:
+            while (upcoming := self._peek_ahead()) is not None and upcoming.first_iteration <= self.iteration:
                 ahead = self._take_ahead()
                 self.in_flight.append(_InFlight(ahead, self._noise(ahead)))
             if self.in_flight[0].chunk.index == chunk.index:
@@ -324,9 +420,7 @@ class VideoRun:
                 ],
                 dim=1,
             )
-            velocity = self.denoiser.predict(
-                x, sigmas, conditioning, self.cache, self.in_flight[0].chunk.latent_start
-            )
+            velocity = self._predict_in_flight(x, sigmas, conditioning, self.in_flight[0].chunk.latent_start)
             offset = 0
             for f in self.in_flight:
                 s = it - f.chunk.first_iteration
@@ -358,6 +452,7 @@ class VideoRun:
             "latents": [self.pipe.transformer.config.in_channels, *self.latent_hw],
             "sink_frames": g.sink_frames,
             "window_frames": g.window_frames,
+            "context_pass": g.context_pass,
             "chunk_frames": g.chunk_frames,
             "guided": self.guidance != 1.0,
             "mode": self.planner.mode.value,
@@ -369,13 +464,25 @@ class VideoRun:
         of the frames the cache holds (not the cache: :meth:`load` rebuilds it), the chunks in
         flight, the position in the plan, and the anchor, monitor and decoder state. Written to a
         temporary file and renamed, so ``path`` always holds a whole state."""
+        previous_snapshot = self._snapshot_chunk
+        if (
+            self.window_context
+            and self.snapshot_every
+            and chunk_index - previous_snapshot >= self.snapshot_every
+        ):
+            self._save_snapshot(path, chunk_index)
         state = {
             "chunk_index": torch.tensor([chunk_index]),
             "seed": torch.tensor([self.seed]),
             "iteration": torch.tensor([self.iteration]),
+            "snapshot_chunk": torch.tensor([self._snapshot_chunk]),
         }
-        for frame, latents in self.history.items():
-            state[f"history.{frame}"] = latents
+        if self.window_context:  # the cache is replayed from these (load)
+            for frame, latents in self.replay.items():
+                state[f"replay.{frame}"] = latents
+        else:  # the cache is rebuilt from these (load)
+            for frame, latents in self.history.items():
+                state[f"history.{frame}"] = latents
         for key, value in (self.decoder.state() if self.decoder is not None else {}).items():
             state[f"decoder.{key}"] = value
         if self.anchor is not None:
@@ -390,6 +497,19 @@ class VideoRun:
         tmp = Path(str(path) + ".tmp")
         save_file(tensors, os.fspath(tmp), metadata=metadata)
         os.replace(tmp, path)
+        if previous_snapshot >= 0 and previous_snapshot != self._snapshot_chunk:
+            _snapshot_path(path, previous_snapshot).unlink(missing_ok=True)
+
+    def _save_snapshot(self, path: str | os.PathLike, chunk_index: int) -> None:
+        """``window``: the KV cache and the latents it holds after chunk ``chunk_index``, beside the
+        state (``<state>.kv-<chunk>``); the state then holds only the chunks made since."""
+        target = _snapshot_path(path, chunk_index)
+        tmp = Path(str(target) + ".tmp")
+        history = {f"history.{frame}": latents.detach().cpu() for frame, latents in self.history.items()}
+        self.cache.save(tmp, extra=history)
+        os.replace(tmp, target)
+        self._snapshot_chunk = chunk_index
+        self.replay = {}
 
     @torch.no_grad()
     def load(self, path: str | os.PathLike, negative: str) -> int:
@@ -418,7 +538,6 @@ class VideoRun:
         def part(prefix: str) -> dict[str, torch.Tensor]:
             return {k[len(prefix) :]: v for k, v in extra.items() if k.startswith(prefix)}
 
-        self.history = {int(frame): latents for frame, latents in part("history.").items()}
         if self.decoder is not None:
             self.decoder.load_state(part("decoder."))
         if self.anchor is not None:
@@ -426,10 +545,69 @@ class VideoRun:
         if self.monitor is not None:
             self.monitor.load_state(part("monitor."))
         chunk_index = int(extra["chunk_index"][0])
-        done = next(c for c in self.planner.chunks(None) if c.index == chunk_index)
-        self.rebuild_cache(done, self.pipe._conditioning(done, self.guidance, negative), full=True)
+        if self.window_context:
+            snapshot = int(extra["snapshot_chunk"][0]) if "snapshot_chunk" in extra else -1
+            replay = {int(frame): latents for frame, latents in part("replay.").items()}
+            self._replay(path, snapshot, replay, chunk_index, negative)
+        else:
+            self.history = {int(frame): latents for frame, latents in part("history.").items()}
+            done = next(c for c in self.planner.chunks(None) if c.index == chunk_index)
+            self.rebuild_cache(done, self.pipe._conditioning(done, self.guidance, negative), full=True)
         self._resume_in_flight(extra, chunk_index)
         return chunk_index
+
+    @torch.no_grad()
+    def _replay(
+        self,
+        path: str | os.PathLike,
+        snapshot: int,
+        replay: dict[int, torch.Tensor],
+        chunk_index: int,
+        negative: str,
+    ) -> None:
+        """``window``: the cache as chunk ``chunk_index`` left it, from the snapshot (or an empty
+        cache) and the latents made since, by running the context passes and re-caches of those
+        chunks again as the plan has them."""
+        self.cache.reset()
+        self.history = {}
+        if snapshot >= 0:
+            saved, extra = KVCache.load(_snapshot_path(path, snapshot), device=self.device)
+            if saved.k.shape != self.cache.k.shape:
+                raise InputError(f"{_snapshot_path(path, snapshot)} holds a KV cache of another geometry")
+            self.cache.k.copy_(saved.k)
+            self.cache.v.copy_(saved.v)
+            self.cache.slot_frames = list(saved.slot_frames)
+            self.cache.version += 1  # the held frames changed: the workspace is rebuilt
+            self.history = {int(k.removeprefix("history.")): v for k, v in extra.items()}
+        self._snapshot_chunk = snapshot
+        self.replay = dict(replay) if self.keep_replay else {}
+
+        def latents_of(start: int, end: int) -> torch.Tensor:
+            missing = [f for f in range(start, end) if f not in replay]
+            if missing:
+                raise InputError(f"the saved state lacks latent frames {missing}; delete it to start over")
+            return torch.cat([replay[f] for f in range(start, end)], dim=2)
+
+        keep, self.keep_replay = self.keep_replay, False  # the frames replayed are recorded already
+        try:
+            for chunk in self.planner.chunks(None):
+                if chunk.index > chunk_index:
+                    break
+                conditioning = self.pipe._conditioning(chunk, self.guidance, negative)
+                if snapshot < 0 and chunk.index == 0 and self.planner.prefix_latents:
+                    self._write_prefix(latents_of(0, self.planner.prefix_latents), conditioning)
+                if chunk.index <= snapshot:
+                    continue
+                if (
+                    DriftAction.RECACHE_PROMPT in chunk.actions
+                    or DriftAction.RECACHE_PERIODIC in chunk.actions
+                ):
+                    self.rebuild_cache(chunk, conditioning, full=True)
+                latents = latents_of(chunk.latent_start, chunk.latent_end)
+                self._hold(latents, chunk.latent_start)
+                self._write_chunk(chunk, conditioning, latents)
+        finally:
+            self.keep_replay = keep
 
     def _resume_in_flight(self, extra: dict[str, torch.Tensor], chunk_index: int) -> None:
         """The chunks in flight, as the plan has them, with their saved latents; the plan read
@@ -443,15 +621,19 @@ class VideoRun:
         latents = {index: value for _, index, value in saved}
         self.in_flight = []
         self._ahead, self._next_ahead = None, None
-        if self.planner.mode != GenerationMode.DIFFUSION_FORCING:
+        if not self.planner.mode.staggered:
             return
-        while self._peek_ahead().index <= chunk_index:
+        while (upcoming := self._peek_ahead()) is not None and upcoming.index <= chunk_index:
             self._take_ahead()
-        while self._peek_ahead().index in latents:
+        while (upcoming := self._peek_ahead()) is not None and upcoming.index in latents:
             chunk = self._take_ahead()
             self.in_flight.append(_InFlight(chunk, latents.pop(chunk.index)))
         if latents:
             raise InputError(f"the saved state holds chunks {sorted(latents)} that this plan does not start")
+
+
+def _snapshot_path(state_path: str | os.PathLike, chunk_index: int) -> Path:
+    return Path(f"{os.fspath(state_path)}.kv-{chunk_index}")
 
 
 def _check_same_steps(planned: PlannedChunk, chunk: PlannedChunk) -> None:

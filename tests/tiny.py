@@ -39,9 +39,9 @@ def text_encoder() -> MiniLMTextEncoder:
     return _TEXT_ENCODER
 
 
-def tiny_components(seed: int = 0, heads: int = 2, **config_overrides):
+def tiny_components(seed: int = 0, heads: int = 2, text=None, **config_overrides):
     """``heads``: attention heads of the transformer (3, as the default model's, for sequence
-    parallelism over 2 ranks that Ulysses cannot split)."""
+    parallelism over 2 ranks that Ulysses cannot split); ``text``: a text encoder instead of MiniLM."""
     from vidgen.pipelines import LongVideoPipeline
 
     torch.manual_seed(seed)
@@ -57,7 +57,7 @@ def tiny_components(seed: int = 0, heads: int = 2, **config_overrides):
     ).eval()
     overrides = {"runtime.device": "cpu", **config_overrides}
     config = load_config("default").replace(**overrides)
-    return LongVideoPipeline(transformer, vae, text_encoder(), config)
+    return LongVideoPipeline(transformer, vae, text if text is not None else text_encoder(), config)
 
 
 def save_tiny_pipeline(folder: str | Path, seed: int = 0, heads: int = 2, **config_overrides) -> Path:

@@ -69,7 +69,19 @@ class GenerationMode(Choice):
     CHUNKWISE = "chunkwise"
     """One chunk at a time, each from noise to clean."""
     DIFFUSION_FORCING = "diffusion_forcing"
-    """Several chunks in flight at staggered noise levels (``generation.ar_step`` apart)."""
+    """Several chunks in flight at staggered noise levels (``generation.ar_step`` apart), each
+    seeing the ones before it (block-causal) and the cache as held."""
+    ROLLING_FORCING = "rolling_forcing"
+    """Rolling Forcing's window: the chunks in flight staggered as in diffusion forcing, but
+    attending to each other both ways; each call sees, besides them, the sinks (placed just before
+    what follows them) and the newest clean frames that fit in ``sink_frames + window_frames``
+    frames of attention in all; a finished chunk's context pass sees the newest ``sink_frames +
+    window_frames`` frames, itself included (the sinks only while those reach back to them)."""
+
+    @property
+    def staggered(self) -> bool:
+        """Several chunks in flight, one model call advancing all of them."""
+        return self is not GenerationMode.CHUNKWISE
 
 
 class SamplerKind(Choice):
@@ -85,6 +97,7 @@ TextEncoderKind = Literal["minilm", "umt5"]
 VaeKind = Literal["lite", "wan"]
 TextConditioning = Literal["single", "with_previous"]
 RopeMode = Literal["absolute", "rolling"]
+ContextPass = Literal["window", "sinks"]
 AttentionSparsity = Literal["dense", "radial"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 Autocast = Literal["auto", "off", "bfloat16"]
@@ -100,10 +113,18 @@ class ModelConfig:
     """Which weights and components make the pipeline."""
 
     path: str = ""
-    """Local folder of a saved pipeline (``model_index.json``); empty: the embedded default model."""
+    """Folder of a saved pipeline (``model_index.json``), or a Hugging Face id (``owner/name``,
+    fetched into its cache); empty: the embedded default model."""
     transformer: str = ""
-    """Optional transformer checkpoint replacing the folder's (a causal Wan 2.1 file or folder,
-    diffusers or original key layout, e.g. Self Forcing / CausVid / LongLive after ``vidgen convert``)."""
+    """Optional transformer checkpoint replacing the folder's: a causal Wan 2.1 file or folder
+    (diffusers or original key layout), a published ``.pt`` (converted once, cached), or a hub id
+    of one (``owner/name/path/in/repo``), e.g. Self Forcing's ``gdhe17/Self-Forcing/checkpoints/self_forcing_dmd.pt``."""
+    transformer_key: str = ""
+    """Which weights of a ``.pt`` training checkpoint ``transformer`` names (``generator_ema``,
+    ``generator``...); empty: the first of ``vidgen convert``'s usual keys present."""
+    transformer_lora: str = ""
+    """A LoRA that is part of the published ``transformer`` (LongLive's ``lora.pt``), fused in at
+    load time before ``loras``; ``--transformer`` on the command line clears it with the key."""
     loras: list[str] = field(default_factory=list)
     """LoRAs fused into the transformer at load time, each ``"PATH"`` or ``"PATH:SCALE"`` (a
     ``.safetensors`` or ``.pt`` file or a folder; diffusers, original Wan or LongLive layout)."""
@@ -161,9 +182,21 @@ class GenerationConfig:
     """Latent frames at the start of the video that every chunk keeps attending to (0: none)."""
     window_frames: int = 4
     """Latent frames of recent history each chunk attends to (the sliding window)."""
-    rope_mode: RopeMode = "rolling"
-    """Temporal positions: ``rolling`` keeps them bounded for any length; ``absolute`` is exact
-    with whole-sequence attention but limited to the model's rope_max_seq_len."""
+    rope_mode: RopeMode = "absolute"
+    """Temporal positions. ``absolute`` (the published systems): a latent frame's position is its
+    index in the video, as Self Forcing, CausVid and LongLive rotate their cached keys; limited to
+    the model's rope_max_seq_len latent frames (Wan 2.1: 1024, about 4 min at 16 fps), where their
+    code stops too. ``rolling`` (vidgen's option, LongLive's "infinite" block-relativistic
+    positions): positions counted inside the attention context, sinks first, so they stay bounded
+    for any length; identical to ``absolute`` until the window first slides."""
+    context_pass: ContextPass = "window"
+    """How a finished chunk is written into the KV cache as context. ``window`` (the published
+    systems, and how they are trained): the chunk is run once more at the context noise level
+    against everything the cache holds -- sinks, window and itself -- and a re-cache (a prompt
+    change) is LongLive's one joint pass over the latest frames, sinks kept. ``sinks`` (vidgen's
+    option, the embedded model's choice): every non-sink chunk sees only the sinks and itself, so
+    the cache is a function of the few latents it holds and a resumed video rebuilds it exactly
+    from them; a re-cache rewrites every held chunk that way."""
     mode: GenerationMode = GenerationMode.CHUNKWISE
     """``chunkwise``: one chunk at a time; ``diffusion_forcing``: several chunks in flight at
     staggered noise levels."""
@@ -206,6 +239,7 @@ class GenerationConfig:
         _check_choice("generation.sampler", self.sampler, SamplerKind.values())
         self.sampler = SamplerKind(self.sampler)
         _check_choice("generation.rope_mode", self.rope_mode, get_args(RopeMode))
+        _check_choice("generation.context_pass", self.context_pass, get_args(ContextPass))
         _check_choice("generation.mode", self.mode, GenerationMode.values())
         self.mode = GenerationMode(self.mode)
         _check_choice("generation.attention", self.attention, get_args(AttentionSparsity))
@@ -234,6 +268,11 @@ class GenerationConfig:
                 raise ConfigError(
                     f"generation.timesteps must decrease within (0, 1000], got {self.timesteps}"
                 )
+        if self.mode == GenerationMode.ROLLING_FORCING and self.context_pass != "window":
+            raise ConfigError(
+                "generation.mode = 'rolling_forcing' writes its context against the newest frames: "
+                "set generation.context_pass = 'window'"
+            )
         if self.ar_step > self.num_inference_steps:
             raise ConfigError(
                 f"generation.ar_step={self.ar_step} exceeds num_inference_steps={self.num_inference_steps}"
@@ -314,6 +353,12 @@ class RuntimeConfig:
     max_memory_gb: float = 0.0
     """Memory a request may need (the estimate of its KV cache, activations and decoding), in GB;
     0: most of what the machine has available when the request comes."""
+    kv_snapshot_every: int = 0
+    """``generation.context_pass = "window"`` with a saved state (``--resume``): every this many
+    chunks the KV cache is written beside the state (``<state>.kv-<chunk>``), so a resume replays
+    at most this many context passes and the state holds only the latents since; 0: no snapshot,
+    a resume replays the video from its start (one model call per chunk). At Wan-1.3B's 832x480 a
+    snapshot is about 287 MB per held latent frame (bf16): see README, "Resume"."""
     sp_kind: SequenceParallelKind = "auto"
     """Sequence parallelism (``--sp`` > 1): ``ulysses`` splits the attention heads (their number
     must divide by sp), ``ring`` passes keys/values around (any head count), ``auto`` takes
@@ -327,6 +372,7 @@ class RuntimeConfig:
         _check_choice("runtime.autocast", self.autocast, get_args(Autocast))
         _check_choice("runtime.compile_mode", self.compile_mode, get_args(CompileMode))
         _check_positive("runtime.threads", self.threads, allow_zero=True)
+        _check_positive("runtime.kv_snapshot_every", self.kv_snapshot_every, allow_zero=True)
         _check_positive("runtime.max_memory_gb", self.max_memory_gb, allow_zero=True)
         if self.attention_backend:
             _check_choice(
@@ -516,6 +562,9 @@ def render_overrides(
         overrides["generation.fps"] = fps
     if transformer:
         overrides["model.transformer"] = transformer
+        # the preset's key and LoRA belong to its own checkpoint, not to this one (unless --set)
+        overrides.setdefault("model.transformer_key", "")
+        overrides.setdefault("model.transformer_lora", "")
     overrides.update(lora_overrides(lora))
     if quantize:
         overrides["runtime.quantize"] = quantize

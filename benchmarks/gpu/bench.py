@@ -3,7 +3,7 @@
 A Wan-1.3B-sized ``CausalWanTransformer`` (dim 1536, 12 heads of 128, 30 layers, FFN 8960) and a
 real-size ``AutoencoderKLWan``, both random bfloat16 (nothing is downloaded), a random 512x4096
 prompt embedding, 832x480, 4 sampler steps, the preset's chunking (3 latent frames per chunk,
-3 sinks + 9 window frames). Every variant streams a 20-second video through
+3 sinks + 6 window frames). Every variant streams a 20-second video through
 ``LongVideoPipeline.stream(decode=False)`` with the VAE decode of chunk k overlapped with the
 denoising of chunk k+1 on a second CUDA stream (:class:`OverlappedDecoder`):
 
@@ -267,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             else platform.machine(),
             "torch": torch.__version__,
             "python": sys.version.split()[0],
+            "vidgen_from": str(Path(sys.modules["vidgen"].__file__ or "").parent),  # the install used
             "height": geometry["height"],
             "width": geometry["width"],
             "seconds": geometry["seconds"],

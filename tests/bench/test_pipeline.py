@@ -102,17 +102,17 @@ def test_benchmark_reports_every_figure(tiny_model, tmp_path, capsys):
         assert f"per chunk: {name}" in out
     assert 0 < speed["first_frame_s"] == rows[0]["wall_s"]
 
-    # 60 frames round up to 18 latent frames: SkyReels makes one window of 15, then one more
-    # chunk of 3 re-running the 12 before it; ours makes 6 chunks of 3 (4 steps each) and writes
-    # each into the cache once: 24 + 6 calls
+    # 60 frames round up to 18 latent frames: SkyReels makes one window of 12 (sink 3 + window 6
+    # + chunk 3), then two more chunks of 3, each re-running the 9 before it; ours makes 6 chunks
+    # of 3 (4 steps each) and writes each into the cache once: 24 + 6 calls
     sky = result["skyreels"]
     assert sky["num_frames"] == 69 and sky["same_network_max_abs_diff"] < 1e-4
     ours, theirs = sky["rows"]["ours (KV cache)"], sky["rows"]["SkyReels-V2 DF, equal context"]
     assert (ours["transformer_calls"], ours["latent_frames"], ours["frames"]) == (30, 90, 69)
-    assert (theirs["transformer_calls"], theirs["latent_frames"]) == (8, 120)
+    assert (theirs["transformer_calls"], theirs["latent_frames"]) == (12, 144)
     assert theirs["settings"] == {
-        "base_num_frames": 57,
-        "overlap_history": 45,
+        "base_num_frames": 45,
+        "overlap_history": 33,
         "causal_block_size": 3,
         "ar_step": 0,
     }
@@ -200,7 +200,7 @@ def test_preset_on_cpu_with_allow_cpu(tmp_path):
     assert len(timed) == 5 and all("NOT meaningful" in f["note"] for f in timed)
     assert (tmp_path / f"pipeline-{PRESET}.png").exists()
     # the state sizes are the preset's (832x480), measured and computed whatever the device
-    assert result["state"]["kv_cache_bytes"] == 3_450_470_400
+    assert result["state"]["kv_cache_bytes"] == 2_587_852_800  # 3 sink + 6 window frames
     assert result["state"]["run_state_bytes"] < 30e6
 
 
@@ -215,9 +215,10 @@ def test_preset_state_sizes_at_a_small_size():
         vae = AutoencoderKLWan()
     sizes = benchmark_preset.preset_state_sizes(config, vae)
     frame = 16 * 8 * 8 * 4  # one latent frame, float32
-    # sinks + window frames; the drift monitor's 16 chunks of 3 frames and its last frame
-    tensors = (3 + 9) * frame + 16 * 3 * frame + frame
+    # the window context pass: every chunk made so far (replayed on resume, no KV snapshot); the
+    # drift monitor's 16 chunks of 3 frames and its last frame
+    tensors = 17 * 3 * frame + 16 * 3 * frame + frame
     assert sizes["chunks"] == 17
     assert tensors < sizes["run_state_bytes"] < tensors + 20_000  # + the anchor, counters, header
-    assert sizes["kv_cache_bytes"] == 2 * 30 * 12 * 16 * 1536 * 2  # 16 tokens per frame, bf16
+    assert sizes["kv_cache_bytes"] == 2 * 30 * 9 * 16 * 1536 * 2  # 3 + 6 frames, 16 tokens each, bf16
     assert sizes["decoder_state_bytes"] > 0

@@ -154,6 +154,41 @@ def test_geometry_from_a_config_when_heads_are_not_128(tmp_path, capsys):
         torch.testing.assert_close(_output(_loaded(out)), _output(b), atol=1e-6, rtol=0)
 
 
+def test_a_published_wan_config_json_converts_as_it_is(tmp_path, capsys):
+    """Wan 2.1's config.json as released (Wan's names, ``text_len``, ``qk_norm: true``) with the
+    causal repositories' window keys: the geometry is read from it, the rest reported and ignored."""
+    geometry = dict(WAN_LIKE, attention_head_dim=12)  # not 128-channel heads: the config decides
+    b = _model(1, **geometry)
+    torch.save({"generator": _original(b)}, tmp_path / "ckpt.pt")
+    published = {
+        "_class_name": "WanModel", "_diffusers_version": "0.30.0", "model_type": "t2v",
+        "dim": 24, "num_heads": 2, "num_layers": geometry["num_layers"], "ffn_dim": geometry["ffn_dim"],
+        "freq_dim": geometry["freq_dim"], "in_dim": geometry["in_channels"], "out_dim": geometry["out_channels"],
+        "eps": 1e-6, "text_len": 512, "window_size": [-1, -1], "qk_norm": True, "cross_attn_norm": True,
+        "local_attn_size": 12, "sink_size": 3,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(published))
+    assert (
+        _convert(
+            tmp_path / "ckpt.pt", tmp_path / "out", "--config", tmp_path / "config.json", "--dtype", "fp32"
+        )
+        == 0
+    )
+    torch.testing.assert_close(_output(_loaded(tmp_path / "out")), _output(b), atol=1e-6, rtol=0)
+    err = capsys.readouterr().err
+    for key in ("text_len", "window_size", "local_attn_size", "sink_size"):
+        assert key in err.split("not used")[1], err
+    assert "model_type" not in err.split("not used")[1] and "num_heads" not in err
+    # a key that is geometry is used: 3 layers do not fit these weights' 2
+    (tmp_path / "config.json").write_text(json.dumps(dict(published, num_layers=3)))
+    assert _convert(tmp_path / "ckpt.pt", tmp_path / "o2", "--config", tmp_path / "config.json") == 2
+    assert "blocks.2" in capsys.readouterr().err
+    # not a JSON object: one line
+    (tmp_path / "list.json").write_text("[1, 2]")
+    assert _convert(tmp_path / "ckpt.pt", tmp_path / "o3", "--config", tmp_path / "list.json") == 2
+    assert "JSON object" in capsys.readouterr().err
+
+
 def test_transformer_flag_loads_the_converted_folder(tmp_path):
     from vidgen.cli import build_parser
     from vidgen.cli.render import load_pipeline

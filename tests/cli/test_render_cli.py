@@ -143,7 +143,7 @@ def test_missing_model_and_unwritable_output(tmp_path, model):
     result = _render(
         "--model", tmp_path / "absent", "--prompt", PROMPT, "--out", tmp_path / "x.mp4", check=False
     )
-    assert result.returncode == 2 and "never downloads" in result.stderr
+    assert result.returncode == 2 and "no model folder at" in result.stderr
     blocker = tmp_path / "file"
     blocker.write_text("")
     result = _render("--model", model, "--prompt", PROMPT, "--out", blocker / "x.mp4", check=False)

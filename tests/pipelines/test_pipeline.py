@@ -145,7 +145,7 @@ def test_save_and_load_round_trip(tmp_path):
 
 
 def test_missing_and_corrupt_weights_name_the_path(tmp_path):
-    with pytest.raises(ModelLoadError, match="never downloads"):
+    with pytest.raises(ModelLoadError, match="no model folder at .*nowhere"):
         LongVideoPipeline.from_pretrained(tmp_path / "nowhere")
     folder = save_tiny_pipeline(tmp_path / "tiny")
     weights = next((folder / "transformer").glob("*.safetensors"))

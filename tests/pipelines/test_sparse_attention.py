@@ -20,8 +20,8 @@ def _record_patterns(monkeypatch, edit=None):
     seen = []
     original = ChunkDenoiser._pattern
 
-    def recording(self, latents, cache, frame_offset):
-        pattern = original(self, latents, cache, frame_offset)
+    def recording(self, latents, cache, frame_offset, joint=False):
+        pattern = original(self, latents, cache, frame_offset, joint)
         if pattern is not None and edit is not None:
             pattern = edit(pattern)
         seen.append((pattern, list(cache.cached_frames), frame_offset, latents.shape[2]))

@@ -11,9 +11,42 @@ PUBLISHED = {
     "self-forcing": (3, 4, [], 5.0, 0, 18, "chunkwise", 1.0),
     "self-forcing-framewise": (1, 4, [], 5.0, 0, 20, "chunkwise", 1.0),
     "causvid": (3, 3, [1000, 757, 522], 8.0, 0, 18, "chunkwise", 1.0),
-    "longlive": (3, 4, [], 5.0, 3, 9, "chunkwise", 1.0),
-    "rolling-forcing": (3, 5, [], 5.0, 3, 3, "diffusion_forcing", 1.0),
+    "longlive": (3, 4, [], 5.0, 3, 6, "chunkwise", 1.0),
+    "rolling-forcing": (3, 5, [], 5.0, 3, 18, "rolling_forcing", 1.0),
 }
+# the published systems' semantics: keys at their frame index, the context pass against the cache
+REFERENCE_SEMANTICS = ("absolute", "window", 0)
+# the Hugging Face ids each preset loads by default (transformer, its key, its LoRA)
+HUB_IDS = {
+    "self-forcing": ("gdhe17/Self-Forcing/checkpoints/self_forcing_dmd.pt", "generator_ema", ""),
+    "causvid": ("tianweiy/CausVid/autoregressive_checkpoint/model.pt", "generator", ""),
+    "longlive": (
+        "Efficient-Large-Model/LongLive-1.3B/models/longlive_base.pt",
+        "generator",
+        "Efficient-Large-Model/LongLive-1.3B/models/lora.pt",
+    ),
+    "rolling-forcing": ("TencentARC/RollingForcing/checkpoints/rolling_forcing_dmd.pt", "generator_ema", ""),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HUB_IDS))
+def test_preset_names_its_hub_ids(name):
+    m = load_config(name).model
+    assert m.path == "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+    assert (m.transformer, m.transformer_key, m.transformer_lora) == HUB_IDS[name]
+
+
+def test_a_transformer_given_on_the_command_line_drops_the_presets_key_and_lora():
+    from vidgen.config import render_overrides
+
+    config = load_config("longlive").replace(**render_overrides(transformer="/local/longlive-fused"))
+    assert (config.model.transformer, config.model.transformer_key, config.model.transformer_lora) == (
+        "/local/longlive-fused",
+        "",
+        "",
+    )
+
+
 WEIGHTS = {
     "self-forcing": ("huggingface.co/gdhe17/Self-Forcing", "self_forcing_dmd.pt", "--key generator_ema"),
     "self-forcing-framewise": ("huggingface.co/gdhe17/Self-Forcing", "--key generator_ema"),
@@ -40,6 +73,7 @@ def test_preset_has_the_published_settings(name):
     got = (g.chunk_frames, g.num_inference_steps, g.timesteps, g.shift, g.sink_frames, g.window_frames)
     assert (*got, g.mode, g.guidance_scale) == PUBLISHED[name]
     assert g.sampler == "x0_renoise" and g.addnoise_condition == 0.0
+    assert (g.rope_mode, g.context_pass, g.transition_chunks) == REFERENCE_SEMANTICS
     assert (config.model.text_encoder, config.model.vae, g.height, g.width, g.fps) == (
         "umt5",
         "wan",

@@ -26,7 +26,7 @@ everything and prompt embeddings passed as tensors (no tokenizer or text encoder
   per block and is slower, by SkyReels' own documentation;
 * **recommended stride** (reported, no target): SkyReels' documented long-video values,
   ``base_num_frames=97, overlap_history=17``, synchronous, where only a fifth of each window is
-  re-run -- and new frames at a window's start see 5 latent frames of history instead of 12.
+  re-run -- and new frames at a window's start see 5 latent frames of history instead of 9.
 """
 
 from __future__ import annotations

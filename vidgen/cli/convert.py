@@ -31,7 +31,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument(
         "--config",
         metavar="config.json",
-        help="the geometry (Wan's or diffusers' names), if not 128-channel heads",
+        help="a config.json as published (Wan 2.1's, diffusers', a causal repository's): its geometry "
+        "keys are used (needed if heads are not 128 channels), the others reported and ignored",
     )
     p.add_argument("--force", action="store_true", help="write into an OUT_DIR that already has files")
     p.set_defaults(run=run)
@@ -39,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vidgen.config import parse_lora_spec
-    from vidgen.models.convert import convert_checkpoint
+    from vidgen.models.convert import convert_checkpoint, ignored_config_keys
 
     checkpoint, out = Path(args.checkpoint), Path(args.out_dir)
     if not checkpoint.is_file():
@@ -52,6 +53,17 @@ def run(args: argparse.Namespace) -> int:
             config = json.loads(Path(args.config).read_text())
         except (OSError, ValueError) as err:
             raise InputError(f"--config {args.config}: {err}") from None
+    if config is not None:
+        try:
+            ignored = ignored_config_keys(config)
+        except ValueError as err:
+            raise InputError(f"--config {args.config}: {err}") from None
+        if ignored:
+            print(
+                "vidgen convert: --config keys not used (not the weights' geometry): "
+                + "; ".join(f"{k} ({why})" for k, why in ignored.items()),
+                file=sys.stderr,
+            )
     lora, scale = parse_lora_spec(args.lora) if args.lora else (None, 1.0)
     try:
         model = convert_checkpoint(
