@@ -60,7 +60,6 @@ class WanRope(nn.Module):
         self.theta = theta
         self.dims = axis_dims(head_dim)
         self._tables: dict[torch.device, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-        self._frequencies: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def tables(self, device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         if device not in self._tables:
@@ -70,29 +69,6 @@ class WanRope(nn.Module):
                 [a.sin().float().to(device) for a in angles],
             )
         return self._tables[device]
-
-    def axis_frequencies(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(head_dim // 2,) float32 angular frequencies of the row and of the column axis, each zero
-        on the other axes' channel pairs: a token's row angle on pair i is ``row * rows[i]``."""
-        if device not in self._frequencies:  # built once per device, as the tables
-            parts = [_axis_table(dim, 2, self.theta)[1].float() for dim in self.dims]
-            zeros = [torch.zeros_like(part) for part in parts]
-            rows = torch.cat([zeros[0], parts[1], zeros[2]])
-            columns = torch.cat([zeros[0], zeros[1], parts[2]])
-            self._frequencies[device] = (rows.to(device), columns.to(device))
-        return self._frequencies[device]
-
-    def motion_phases(
-        self, frame_positions: torch.Tensor, frame_tokens: int, velocity: torch.Tensor
-    ) -> torch.Tensor:
-        """Angles (B, frames * frame_tokens, head_dim // 2) that move each token's spatial position
-        into a frame moving at ``velocity`` (B, 2): (rows, columns) per latent frame. A token at
-        frame position t, row h, column w rotated by :meth:`forward`'s rotation and then by these
-        angles is rotated as one at (t, h - v_rows * t, w - v_columns * t) (:func:`apply_motion`)."""
-        rows, columns = self.axis_frequencies(frame_positions.device)
-        per_frame = velocity.float()[:, :1] * rows + velocity.float()[:, 1:] * columns  # (B, D/2)
-        times = frame_positions.float().repeat_interleave(frame_tokens)  # (S,)
-        return -times[None, :, None] * per_frame[:, None, :]
 
     def forward(self, frame_positions: torch.Tensor, height: int, width: int) -> torch.Tensor:
         """Rotation for tokens laid out frame-major over ``(len(frame_positions), height, width)``.
@@ -131,15 +107,6 @@ def apply_rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     else:  # one complex multiply, 4-10x faster than the real-valued form in eager mode
         rotated = torch.view_as_real(torch.view_as_complex(pairs) * torch.view_as_complex(rotation))
     return rotated.flatten(-2).type_as(x)
-
-
-def apply_motion(x: torch.Tensor, phases: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
-    """Rotate the channel pairs of ``x`` (B, S, H, D) by ``gain`` (H,) times ``phases`` (B, S, D/2)
-    (:meth:`WanRope.motion_phases`): each head sees positions in a frame moving at its own multiple
-    of the velocity. Real multiplies only, so it compiles."""
-    angles = phases[:, :, None, :] * gain.float()[None, None, :, None]  # (B, S, H, D/2)
-    rotation = torch.stack((angles.cos(), angles.sin()), dim=-1)
-    return rotate_pairs_real(x.float().unflatten(-1, (-1, 2)), rotation).flatten(-2).type_as(x)
 
 
 def rotate_pairs_real(pairs: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:

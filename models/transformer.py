@@ -21,9 +21,10 @@ config and the input's shape.
 
 from __future__ import annotations
 
+import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -41,7 +42,6 @@ from vidgen.models.kv_cache import KVCache
 from vidgen.models.rope import (
     RopePositionMode,
     WanRope,
-    apply_motion,
     apply_rope,
     frame_positions,
     rope_shift,
@@ -220,48 +220,30 @@ class Attention(nn.Module):
 
 @dataclass
 class TextContext:
-    """Cross-attention keys/values of a prompt for every block: computed once, reused per step;
-    with ``text_modulation``, also the prompt's share of the blocks' modulation."""
+    """Cross-attention keys/values of a prompt for every block: computed once, reused per step.
+    ``extras``: per-sample tensors (B, ...) a model variant reads from the prompt besides them
+    (:mod:`vidgen.models.extensions`); empty for Wan."""
 
     keys: list[torch.Tensor]  # per block, (B, L, H, D)
     values: list[torch.Tensor]
-    modulation: torch.Tensor | None = None  # (B, 6, D), added to the timestep's
-    velocity: torch.Tensor | None = None  # (B, 2) latent-grid rows, columns per latent frame (text_velocity)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def select(self, index: torch.Tensor | slice) -> TextContext:
-        modulation = self.modulation[index] if self.modulation is not None else None
-        velocity = self.velocity[index] if self.velocity is not None else None
         return TextContext(
-            [k[index] for k in self.keys], [v[index] for v in self.values], modulation, velocity
+            [k[index] for k in self.keys],
+            [v[index] for v in self.values],
+            {name: extra[index] for name, extra in self.extras.items()},
         )
 
     @staticmethod
     def cat(contexts: list[TextContext]) -> TextContext:
         """Batch several contexts (e.g. conditional and unconditional for guidance)."""
         blocks = range(len(contexts[0].keys))
-        modulations = [c.modulation for c in contexts]
-        velocities = [c.velocity for c in contexts]
         return TextContext(
             [torch.cat([c.keys[i] for c in contexts]) for i in blocks],
             [torch.cat([c.values[i] for c in contexts]) for i in blocks],
-            None if modulations[0] is None else torch.cat(cast("list[torch.Tensor]", modulations)),
-            None if velocities[0] is None else torch.cat(cast("list[torch.Tensor]", velocities)),
+            {name: torch.cat([c.extras[name] for c in contexts]) for name in contexts[0].extras},
         )
-
-
-@dataclass
-class MovingFrame:
-    """``text_velocity``'s rotation of the self-attention: per layer and head, queries and keys are
-    rotated as if every token's spatial position were seen from a frame moving at ``gain[layer,
-    head]`` times the prompt's velocity (:func:`vidgen.models.rope.apply_motion`)."""
-
-    query: torch.Tensor  # (B, S, D/2) phases of this call's tokens
-    keys: torch.Tensor  # (B, cached + S, D/2) phases of every key, cached frames first
-    gain: torch.Tensor  # (L, H)
-
-    def apply(self, query: torch.Tensor, key: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        gain = self.gain[layer]
-        return apply_motion(query, self.query, gain), apply_motion(key, self.keys, gain)
 
 
 @dataclass
@@ -288,7 +270,9 @@ class SelfAttentionContext:
     # with a workspace and a cache write: (L, B, S, H, D) un-rotated keys and values of this call,
     # filled by the blocks and written into the cache once they have all run
     staged: tuple[torch.Tensor, torch.Tensor] | None = None
-    moving_frame: MovingFrame | None = None  # text_velocity: positions seen from a moving frame
+    # a model variant's extra transform of the rotated queries and keys, ``apply(query, keys,
+    # layer) -> (query, keys)`` (vidgen.models.extensions); None for Wan
+    qk_transform: Any = None
 
 
 class SequenceParallel(Protocol):
@@ -343,8 +327,8 @@ def attend(
         all_key, all_value = new_key, value
     else:
         all_key, all_value = _cache_and_new(key, value, new_key, ctx, layer)
-    if ctx.moving_frame is not None:  # a new tensor: the workspace's rotated keys stay as they are
-        query, all_key = ctx.moving_frame.apply(query, all_key, layer)
+    if ctx.qk_transform is not None:  # a new tensor: the workspace's rotated keys stay as they are
+        query, all_key = ctx.qk_transform.apply(query, all_key, layer)
     out = dispatch_attention(query, all_key, all_value, pattern=ctx.pattern)
     if ctx.workspace is None and ctx.kv_cache is not None and ctx.write_frame is not None:
         ctx.kv_cache.write(layer, key, value, ctx.write_frame)  # only now: it may overwrite slots read above
@@ -438,41 +422,17 @@ def run_blocks(
 # ----------------------------------------------------------------------------- the model
 
 
-class TextVelocity(nn.Module):
-    """A velocity (B, 2), latent-grid rows and columns per latent frame, read from a prompt embedding
-    (B, L, text_dim) by attention pooling over its tokens (the encoders zero the padding): one
-    word such as "left" decides it, however long the prompt."""
-
-    def __init__(self, text_dim: int) -> None:
-        super().__init__()
-        self.score = nn.Linear(text_dim, 1)
-        self.value = nn.Linear(text_dim, 2)
-
-    def forward(self, embedded: torch.Tensor) -> torch.Tensor:
-        embedded = embedded.to(self.value.weight.dtype)
-        present = embedded.abs().amax(dim=-1) > 0  # (B, L)
-        score = self.score(embedded).squeeze(-1).masked_fill(~present, float("-inf"))
-        weights = torch.softmax(score, dim=-1).nan_to_num(0.0)  # an all-padding prompt: no velocity
-        return (weights[..., None] * self.value(embedded)).sum(dim=1)
-
-
 class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: ignore[misc]  # diffusers' two config_name
     """Wan 2.1 text-to-video transformer that also runs chunk by chunk against a KV cache.
 
     The config is diffusers' ``WanTransformer3DModel`` config (same argument names); image
-    conditioning (I2V: ``image_dim``/``added_kv_proj_dim``) is not supported. One addition of our
-    own, off for Wan checkpoints: ``spatial_pos_grid=(rows, columns)`` adds a learned absolute
-    position per token of the latent grid to the patch embedding (zero when created), because the
-    rotary embedding tells a token only its offsets to the others and a small model on a small grid
-    then does not know where the frame ends; other grid sizes interpolate the table. Another, also
-    off for Wan: ``text_modulation`` adds to every block's timestep modulation (shift, scale and
-    gate of attention and feed-forward) a linear map of the prompt's mean token embedding (zero when
-    created), a multiplicative path from the text besides the cross-attention's additive one. A third,
-    also off for Wan: ``text_velocity`` reads a velocity (latent-grid rows and columns per latent
-    frame) from the prompt by attention pooling over its tokens, and each block's self-attention
-    head sees the tokens' spatial positions from a frame moving at its own learned multiple of it
-    (zero when created), so that "the object one step along the named way" is a fixed relative
-    position for that head, as "the object where it was" is for a still one. LoRA adapters load
+    conditioning (I2V: ``image_dim``/``added_kv_proj_dim``) is not supported. This class computes
+    Wan 2.1 and nothing else. A model variant that adds to it (the embedded default model's
+    learned grid positions, text modulation and text velocity: :mod:`vidgen.models.extensions`) is
+    a subclass that declares its config keys (``variant_keys``) and overrides the hooks below
+    (``_embed_patches``, ``encode_text``, ``_text_modulation``, ``_attention_extras``); a config
+    that sets any of those keys builds and loads that class (``CausalWanTransformer(**config)``
+    and ``from_pretrained`` alike). LoRA adapters load
     through diffusers' ``PeftAdapterMixin`` (``load_lora_adapter``, ``set_adapters``, ``fuse_lora``,
     ``unfuse_lora``, ``unload_lora``), as into ``WanTransformer3DModel``; :mod:`vidgen.models.lora`
     brings other published layouts to its keys.
@@ -484,6 +444,36 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
     _keep_in_fp32_modules = ["time_embedder", "scale_shift_table", "norm1", "norm2", "norm3"]  # type: ignore[assignment]
     _skip_layerwise_casting_patterns = ["patch_embedding", "condition_embedder", "norm"]  # type: ignore[assignment]
     config: Any  # diffusers' FrozenDict of the __init__ arguments, read as attributes (typed there as a dict)
+    variant_keys: tuple[str, ...] = ()
+    """A variant's own config keys: set in a config, they select that class."""
+    _variants: list[type[CausalWanTransformer]] = []
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.variant_keys:
+            CausalWanTransformer._variants.append(cls)
+
+    @classmethod
+    def class_for(cls, config: dict) -> type[CausalWanTransformer]:
+        """The class a config builds: a variant whose keys it sets (truthy), else this one."""
+        if cls is CausalWanTransformer:
+            import vidgen.models.extensions  # noqa: F401  (registers the default model's variant)
+
+            for variant in cls._variants:
+                if any(config.get(key) for key in variant.variant_keys):
+                    return variant
+        return cls
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> CausalWanTransformer:
+        return super().__new__(cls.class_for(kwargs))
+
+    @classmethod
+    def from_config(cls, config: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]  # diffusers returns a tuple with return_unused_kwargs
+        """diffusers' ``from_config``, building the class the config asks for (:meth:`class_for`)."""
+        variant = cls.class_for(dict(config or {}))
+        if variant is not cls:
+            return variant.from_config(config, **kwargs)
+        return super().from_config(config, **kwargs)
 
     @register_to_config
     def __init__(
@@ -504,9 +494,6 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
         added_kv_proj_dim: int | None = None,
         rope_max_seq_len: int = 1024,
         pos_embed_seq_len: int | None = None,
-        spatial_pos_grid: tuple[int, int] | None = None,
-        text_modulation: bool = False,
-        text_velocity: bool = False,
     ) -> None:
         super().__init__()
         if image_dim is not None or added_kv_proj_dim is not None or pos_embed_seq_len is not None:
@@ -521,22 +508,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
         self.inner_dim = dim
         self.rope = WanRope(attention_head_dim, rope_max_seq_len)
         self.patch_embedding = nn.Conv3d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
-        # (1, D, 1, rows, columns), added to every frame's patch embedding; zeros: a model resumed
-        # from a checkpoint without it computes what that checkpoint did
-        self.spatial_pos = (
-            nn.Parameter(torch.zeros(1, dim, 1, *spatial_pos_grid)) if spatial_pos_grid is not None else None
-        )
         self.condition_embedder = ConditionEmbedder(dim, freq_dim, text_dim)
-        # zeros: a model resumed from a checkpoint without it computes what that checkpoint did
-        self.text_to_modulation = nn.Linear(text_dim, 6 * dim) if text_modulation else None
-        if self.text_to_modulation is not None:
-            nn.init.zeros_(self.text_to_modulation.weight)
-            nn.init.zeros_(self.text_to_modulation.bias)
-        # zero gains: a model resumed from a checkpoint without them computes what that checkpoint did
-        self.text_to_velocity = TextVelocity(text_dim) if text_velocity else None
-        self.velocity_gain = (
-            nn.Parameter(torch.zeros(num_layers, num_attention_heads)) if text_velocity else None
-        )
         self.blocks = nn.ModuleList(
             [
                 CausalWanBlock(dim, ffn_dim, num_attention_heads, cross_attn_norm, eps)
@@ -568,6 +540,11 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
         if not wan_checkpoint.is_original_layout(wan_checkpoint.checkpoint_keys(files)):
             kwargs.pop("config_overrides", None)  # a diffusers folder brings its own config
             kwargs.update(use_safetensors=True, local_files_only=True)
+            config_file = (path if path.is_dir() else path.parent) / "config.json"
+            own = json.loads(config_file.read_text()) if config_file.is_file() else {}
+            variant = cls.class_for(own)  # the class the folder's config asks for
+            if variant is not cls:
+                return variant.from_pretrained(pretrained_model_name_or_path, **kwargs)
             return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
         state = wan_checkpoint.convert_original_state_dict(wan_checkpoint.load_state_dict(files))
@@ -581,16 +558,6 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
             )
         dtype = kwargs.get("torch_dtype")
         return model.to(dtype=dtype).eval() if dtype is not None else model.eval()
-
-    def _spatial_pos(self, rows: int, columns: int) -> torch.Tensor:
-        """The position table for a grid of ``rows`` x ``columns`` tokens: as learned, or
-        interpolated bilinearly (corners aligned) for another grid."""
-        assert self.spatial_pos is not None
-        table = self.spatial_pos
-        if tuple(table.shape[-2:]) == (rows, columns):
-            return table
-        resized = F.interpolate(table[:, :, 0], size=(rows, columns), mode="bilinear", align_corners=True)
-        return resized[:, :, None]
 
     # ------------------------------------------------------------------ geometry
     @property
@@ -658,17 +625,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
             k, v = block.attn2.project_kv(text)
             keys.append(k)
             values.append(v)
-        modulation = None
-        if self.text_to_modulation is not None:
-            # the mean of the prompt's tokens (the encoders zero the padding)
-            embedded = encoder_hidden_states.to(self.text_to_modulation.weight.dtype)
-            present = embedded.abs().amax(dim=-1, keepdim=True) > 0  # (B, L, 1)
-            pooled = (embedded * present).sum(dim=1) / present.sum(dim=1).clamp(min=1)
-            modulation = self.text_to_modulation(pooled).unflatten(1, (6, -1))  # (B, 6, D)
-        velocity = None
-        if self.text_to_velocity is not None:
-            velocity = self.text_to_velocity(encoder_hidden_states)
-        return TextContext(keys, values, modulation, velocity)
+        return TextContext(keys, values)
 
     # ------------------------------------------------------------------ forward
     def _attention_dtype(self, device: torch.device) -> torch.dtype:
@@ -676,6 +633,28 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
         if torch.is_autocast_enabled(device.type):
             return torch.get_autocast_dtype(device.type)
         return self.dtype
+
+    # ------------------------------------------------------------------ variant hooks
+    # A model variant overrides these (vidgen.models.extensions); for Wan they add nothing.
+    def _embed_patches(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(B, C, F, H, W) latents -> (B, D, F, rows, columns) patch embeddings."""
+        return self.patch_embedding(hidden_states)
+
+    def _text_modulation(self, modulation: torch.Tensor, text_context: TextContext) -> torch.Tensor:
+        """The blocks' modulation, (B, 6, D) or (B, F, 6, D), with the prompt's share added."""
+        return modulation
+
+    def _attention_extras(
+        self,
+        ctx: SelfAttentionContext,
+        text_context: TextContext,
+        query_positions: torch.Tensor,
+        cache_positions: torch.Tensor | None,
+        frame_tokens: int,
+        batch: int,
+        sequence_parallel: SequenceParallel | None,
+    ) -> None:
+        """Set a variant's own part of the self-attention context (``ctx.qk_transform``)."""
 
     def compile_blocks(self, mode: str | None = None, dynamic: bool | None = False) -> None:
         """torch.compile :func:`run_blocks`, all blocks as one graph.
@@ -762,17 +741,9 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
             kv_cache=kv_cache,
             frame_tokens=frame_tokens,
         )
-        if text_context.velocity is not None and self.velocity_gain is not None:
-            if sequence_parallel is not None:
-                raise ValueError("text_velocity is not supported with sequence parallelism")
-            velocity = text_context.velocity.expand(batch, -1)
-            phases = self.rope.motion_phases(query_positions, frame_tokens, velocity)
-            key_phases = phases
-            if cache_positions is not None:
-                key_phases = torch.cat(
-                    [self.rope.motion_phases(cache_positions, frame_tokens, velocity), phases], dim=1
-                )
-            ctx.moving_frame = MovingFrame(phases, key_phases, self.velocity_gain)
+        self._attention_extras(
+            ctx, text_context, query_positions, cache_positions, frame_tokens, batch, sequence_parallel
+        )
         if kv_cache is not None:
             assert cache_positions is not None  # set with the cache
             ctx.cache_rope = self.rope(cache_positions, grid_h, grid_w)
@@ -791,9 +762,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
                     )
 
         # 2. patchify: (B, C, F, H, W) -> (B, F * H' * W', D)
-        x = self.patch_embedding(hidden_states)  # (B, D, F, rows, columns)
-        if self.spatial_pos is not None:
-            x = x + self._spatial_pos(grid_h, grid_w).to(x.dtype)
+        x = self._embed_patches(hidden_states)  # (B, D, F, rows, columns)
         x = x.flatten(2).transpose(1, 2).contiguous()
         if sequence_parallel is not None:  # from here on, this process's tokens of every frame
             x = sequence_parallel.shard(x, frame_tokens)  # (B, F * frame_tokens / P, D)
@@ -807,9 +776,7 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
         if timestep.ndim == 2:
             temb = temb.unflatten(0, (batch, frames))  # (B, F, D)
             modulation = modulation.unflatten(0, (batch, frames))  # (B, F, 6, D)
-        if text_context.modulation is not None:
-            by_text = text_context.modulation.to(modulation.dtype)
-            modulation = modulation + (by_text[:, None] if modulation.ndim == 4 else by_text)
+        modulation = self._text_modulation(modulation, text_context)
 
         # 4. blocks
         if torch.is_grad_enabled() and self.gradient_checkpointing:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import importlib
 import json
 import shutil
 import threading
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from vidgen.config import ConfigError, VidgenConfig
+from vidgen.config import ConfigError, VidgenConfig, vocabulary_module
 from vidgen.pipelines.pipeline import InputError, LongVideoPipeline, StreamControl, VideoChunk
 from vidgen.pipelines.vae_stream import spatial_factor
 from vidgen.request import GenerationRequest, prompt_changes
@@ -66,9 +67,9 @@ def fit_warnings(config: VidgenConfig, prompts: list[str], height: int, width: i
     vocabulary (``model.vocabulary``) and sizes it was not trained at (``model.trained_sizes``).
     Every surface shows these as warnings: the CLI on stderr, the page as toasts."""
     warnings = []
-    if config.model.vocabulary == "shapes_world":
-        from vidgen.shapes.vocabulary import prompt_warning
-
+    module = vocabulary_module(config.model.vocabulary)
+    if module:  # the model's own checker, named by its config
+        prompt_warning = importlib.import_module(module).prompt_warning
         warnings += [w for w in map(prompt_warning, dict.fromkeys(prompts)) if w]
     trained = config.trained_sizes()
     if trained and (width, height) not in trained:

@@ -103,7 +103,27 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 Autocast = Literal["auto", "off", "bfloat16"]
 Device = Literal["auto", "cpu", "cuda"]
 Quantize = Literal["none", "int8", "fp8"]
-Vocabulary = Literal["", "shapes_world"]
+VOCABULARIES = {"shapes_world": "vidgen.shapes.vocabulary"}
+"""Short names of vocabularies (``model.vocabulary``) and the modules that check prompts against them."""
+
+
+def _importable(module: str) -> bool:
+    """Whether ``module`` names an importable module (found, not imported)."""
+    import importlib.util
+
+    if not all(part.isidentifier() for part in module.split(".")):
+        return False
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def vocabulary_module(vocabulary: str) -> str:
+    """The import path of the module that checks prompts for ``model.vocabulary`` ("" for none)."""
+    return VOCABULARIES.get(vocabulary, vocabulary)
+
+
 SequenceParallelKind = Literal["auto", "ulysses", "ring"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"]
 
@@ -137,15 +157,22 @@ class ModelConfig:
     text_conditioning: TextConditioning = "single"
     """``with_previous``: the model reads ``[prompt ‖ previous prompt]`` and learned to apply what
     changed while a prompt change is fresh (the embedded model); ``single``: the prompt alone."""
-    vocabulary: Vocabulary = ""
-    """What the weights understand: ``shapes_world`` (the embedded model: prompts get a warning
+    vocabulary: str = ""
+    """What the weights understand: a module with ``prompt_warning(prompt) -> str | None`` that
+    says what in a prompt they will not understand, named by its import path or a short name of
+    :data:`VOCABULARIES` -- ``shapes_world`` (the embedded model: prompts get a warning
     naming the words it does not know); empty: open text, no check."""
     trained_sizes: str = ""
     """Frame sizes the weights were trained at, ``WxH`` comma-separated (e.g. ``64x64``); other
     sizes get a warning. Empty: any size."""
 
     def __post_init__(self) -> None:
-        _check_choice("model.vocabulary", self.vocabulary, get_args(Vocabulary))
+        module = vocabulary_module(self.vocabulary)
+        if module and not _importable(module):
+            raise ConfigError(
+                f"model.vocabulary={self.vocabulary!r} is not one of {sorted(VOCABULARIES)} nor the "
+                "import path of a module with prompt_warning(prompt)"
+            )
         for size in filter(None, (s.strip() for s in self.trained_sizes.split(","))):
             w, x, h = size.partition("x")
             if not (x and w.isdigit() and h.isdigit()):

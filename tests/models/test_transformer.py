@@ -107,9 +107,13 @@ def test_chunked_with_cache_equals_block_causal_forward(text_modulation, text_ve
     assert cache.cached_frames == list(range(9))
     if text_modulation:
         context = model.encode_text(text)
-        assert context.modulation is not None and context.modulation.shape == (1, 6, model.inner_dim)
+        assert context.extras["modulation"] is not None and context.extras["modulation"].shape == (
+            1,
+            6,
+            model.inner_dim,
+        )
         both = type(context).cat([context, context])  # guidance batches contexts: the modulation too
-        assert torch.equal(both.select(slice(1, 2)).modulation, context.modulation)
+        assert torch.equal(both.select(slice(1, 2)).extras["modulation"], context.extras["modulation"])
 
 
 @pytest.mark.parametrize(
@@ -420,8 +424,8 @@ def test_text_modulation_starts_as_the_model_without_it_and_then_reads_the_promp
         assert relative_error(got, plain) > 1e-2
         # the mean over the prompt's tokens: more padding changes nothing, another prompt does
         padded = torch.cat([text, torch.zeros(2, 4, TINY["text_dim"])], dim=1)
-        by_text = modulated.encode_text(text).modulation
-        torch.testing.assert_close(modulated.encode_text(padded).modulation, by_text)
+        by_text = modulated.encode_text(text).extras["modulation"]
+        torch.testing.assert_close(modulated.encode_text(padded).extras["modulation"], by_text)
         mean = text[:, :5].mean(dim=1)
         weight, bias = modulated.text_to_modulation.weight, modulated.text_to_modulation.bias
         torch.testing.assert_close(by_text, (mean @ weight.T + bias).unflatten(1, (6, -1)))
@@ -458,16 +462,16 @@ def test_text_velocity_starts_as_the_model_without_it_and_then_reads_the_prompt(
         got = moving(x, timestep, text).sample
         assert relative_error(got, plain) > 1e-2
         # attention pooling over the prompt's tokens: padding changes nothing
-        velocity = moving.encode_text(text).velocity
+        velocity = moving.encode_text(text).extras["velocity"]
         padded = torch.cat([text, torch.zeros(2, 4, TINY["text_dim"])], dim=1)
-        torch.testing.assert_close(moving.encode_text(padded).velocity, velocity)
+        torch.testing.assert_close(moving.encode_text(padded).extras["velocity"], velocity)
         pool = moving.text_to_velocity
         weights = torch.softmax(pool.score(text[:, :5]).squeeze(-1), dim=-1)
         torch.testing.assert_close(velocity, (weights[..., None] * pool.value(text[:, :5])).sum(dim=1))
         # the velocity, not the prompt's other reading, moves the output: the same prompt with
         # another velocity gives another output; velocity zero gives the plain model's
         context = moving.encode_text(text)
-        context.velocity = torch.zeros_like(context.velocity)
+        context.extras["velocity"] = torch.zeros_like(context.extras["velocity"])
         torch.testing.assert_close(
             moving(x, timestep, text_context=context).sample, plain, rtol=1e-5, atol=1e-5
         )
@@ -476,7 +480,8 @@ def test_text_velocity_starts_as_the_model_without_it_and_then_reads_the_prompt(
 def test_moving_frame_rotation_equals_the_rotation_at_moved_positions():
     """Rotation by WanRope at (t, h, w) then by the motion phases at gain g equals the rotary
     embedding of (t, h - g v_rows t, w - g v_columns t), computed here from Wan's frequencies."""
-    from vidgen.models.rope import WanRope, apply_motion, apply_rope
+    from vidgen.models.extensions import apply_motion, axis_frequencies, motion_phases
+    from vidgen.models.rope import WanRope, apply_rope
 
     head_dim, theta = 24, 10000.0
     rope = WanRope(head_dim, 64, theta)
@@ -485,7 +490,7 @@ def test_moving_frame_rotation_equals_the_rotation_at_moved_positions():
     velocity = torch.tensor([[0.5, -1.25], [2.0, 0.0]])
     gain = torch.tensor([1.0, -0.5])  # two heads, each its own multiple of the velocity
     x = torch.randn(2, frames * rows * columns, 2, head_dim, dtype=torch.float64)
-    phases = rope.motion_phases(positions, rows * columns, velocity)
+    phases = motion_phases(axis_frequencies(rope, positions.device), positions, rows * columns, velocity)
     got = apply_motion(apply_rope(x, rope(positions, rows, columns)), phases, gain)
 
     t_dim = head_dim - 2 * 2 * (head_dim // 6)

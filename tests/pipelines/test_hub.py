@@ -146,3 +146,18 @@ def _perturbed(model, seed: int):
         for p in other.parameters():
             p.add_(0.01 * torch.randn(p.shape, generator=g))
     return other
+
+
+def test_vidgen_render_takes_hub_ids_from_the_cache(tiny_repo, cache, tmp_path, capsys):
+    """``vidgen render --model <id> --transformer <id of a .pt>``, offline, from the cache alone."""
+    from vidgen.cli import main
+
+    base = LongVideoPipeline.from_pretrained(tiny_repo).transformer
+    torch.save({"generator_ema": _to_original_layout(_perturbed(base, 3).state_dict())}, tmp_path / "model.pt")
+    put_in_cache(cache, "vidgen-test/causal", {"checkpoints/model.pt": tmp_path / "model.pt"})
+    out = tmp_path / "video.mp4"
+    args = ["render", "a red circle moving left on a black background", "--seconds", "1", "--out", str(out)]
+    args += ["--model", "vidgen-test/tiny-pipeline", "--transformer", "vidgen-test/causal/checkpoints/model.pt"]
+    assert main([*args, "--quiet"]) == 0, capsys.readouterr().err
+    assert out.stat().st_size > 1000
+    assert len(list((cache / "vidgen-converted").iterdir())) == 1

@@ -1539,8 +1539,8 @@ def test_text_velocity_pooling_learns_the_named_way_from_held_out_phrasings():
     """The pooling over MiniLM's tokens, fitted to the captions' velocities (training phrasings),
     gives the named way's sign on >= 90 % of the named axes of held-out phrasings; a mean over the
     tokens (the text modulation's reading) has no single word to weigh."""
+    from vidgen.models.extensions import TextVelocity
     from vidgen.models.text_encoders import MiniLMTextEncoder
-    from vidgen.models.transformer import TextVelocity
     from vidgen.shapes import captions, world
     from vidgen.training.transformer import caption_velocities
 

@@ -248,7 +248,7 @@ class TransformerTrainConfig:
     function, Adam restarting."""
     text_modulation: bool = False
     """Give the transformer a linear map from the prompt's mean token embedding to every block's
-    modulation (``CausalWanTransformer(text_modulation=True)``), zero at the start; a run resumed
+    modulation (``ConditionedWanTransformer(text_modulation=True)``), zero at the start; a run resumed
     with it continues from the same function, Adam restarting. The cross-attention adds what it
     reads from the text to each token; the modulation scales the tokens' features by it, the way a
     word such as a direction must act on where the object goes."""
@@ -256,7 +256,7 @@ class TransformerTrainConfig:
     """The text modulation's learning rate as a multiple of ``lr`` (its own optimizer group, as
     ``spatial_pos_lr_scale``'s table). Zero at the start, it grows by about one Adam step a step."""
     text_velocity: bool = False
-    """Give the transformer a velocity read from the prompt (``CausalWanTransformer(text_velocity=
+    """Give the transformer a velocity read from the prompt (``ConditionedWanTransformer(text_velocity=
     True)``: attention pooling over the prompt's tokens) and a per-head gain, zero at the start,
     by which each self-attention head sees the tokens' positions from a frame moving at that
     velocity; a run resumed with it continues from the same function, Adam restarting. The

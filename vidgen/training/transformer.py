@@ -753,18 +753,18 @@ def _parameter_groups(model: CausalWanTransformer, config: TransformerTrainConfi
         if getattr(config, name) <= 0:
             raise ValueError(f"{name} must be positive, got {getattr(config, name)}")
     own: list[dict] = []
-    if model.spatial_pos is not None and config.spatial_pos_lr_scale != 1.0:
+    if getattr(model, "spatial_pos", None) is not None and config.spatial_pos_lr_scale != 1.0:
         own.append(
             {"params": [model.spatial_pos], "lr_scale": config.spatial_pos_lr_scale, "weight_decay": 0.0}
         )
-    if model.text_to_modulation is not None and config.text_modulation_lr_scale != 1.0:
+    if getattr(model, "text_to_modulation", None) is not None and config.text_modulation_lr_scale != 1.0:
         own.append(
             {
                 "params": list(model.text_to_modulation.parameters()),
                 "lr_scale": config.text_modulation_lr_scale,
             }
         )
-    if model.text_to_velocity is not None and config.text_velocity_lr_scale != 1.0:
+    if getattr(model, "text_to_velocity", None) is not None and config.text_velocity_lr_scale != 1.0:
         assert model.velocity_gain is not None  # made together
         own.append(
             {
@@ -1016,7 +1016,7 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
                     )
                 loss = loss + config.direction_pair_weight * pair_loss
                 logged["pair"] = round(pair_loss.item(), 4)
-            if model.text_to_velocity is not None and config.text_velocity_weight > 0:
+            if getattr(model, "text_to_velocity", None) is not None and config.text_velocity_weight > 0:
                 target = caption_velocities([s.text for s in samples], config, temporal, spatial).to(device)
                 velocity_loss = (model.text_to_velocity(text.float()) - target).square().sum(dim=1).mean()
                 loss = loss + config.text_velocity_weight * velocity_loss
