@@ -114,6 +114,7 @@ class ConditionedWanTransformer(CausalWanTransformer):
 
     variant_keys = ("spatial_pos_grid", "text_modulation", "text_velocity")
 
+    # the whole signature, the Wan class's first: diffusers reads a class's config keys from it
     @register_to_config
     def __init__(
         self,
