@@ -103,6 +103,13 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 Autocast = Literal["auto", "off", "bfloat16"]
 Device = Literal["auto", "cpu", "cuda"]
 Quantize = Literal["none", "int8", "fp8"]
+MAX_LORA_SCALE = 100.0
+"""The largest LoRA weight a config may give (published LoRAs run at about 1)."""
+MAX_TEXT_LENGTH = 4096
+"""The most tokens per prompt (Wan 2.1 reads 512; the tokenizer allocates the whole length)."""
+MIN_SHIFT = 1e-3
+"""The smallest noise-schedule shift (its inverse the largest): past them the schedule degenerates."""
+
 VOCABULARIES = {"shapes_world": "vidgen.shapes.vocabulary"}
 """Short names of vocabularies (``model.vocabulary``) and the modules that check prompts against them."""
 
@@ -183,6 +190,17 @@ class ModelConfig:
         _check_positive("model.text_max_length", self.text_max_length)
         if any(not spec.strip() or spec.endswith(":") for spec in self.loras):
             raise ConfigError(f"model.loras: each entry is 'PATH' or 'PATH:SCALE', got {self.loras!r}")
+        for spec in [*self.loras, *filter(None, [self.transformer_lora])]:
+            _, scale = parse_lora_spec(spec)
+            if not (math.isfinite(scale) and abs(scale) <= MAX_LORA_SCALE):
+                raise ConfigError(
+                    f"a LoRA's scale must be a finite number between -{MAX_LORA_SCALE:g} and "
+                    f"{MAX_LORA_SCALE:g}, got {scale!r} in {spec!r}"
+                )
+        if self.text_max_length > MAX_TEXT_LENGTH:
+            raise ConfigError(
+                f"model.text_max_length must be at most {MAX_TEXT_LENGTH} tokens, got {self.text_max_length}"
+            )
 
 
 @dataclass
@@ -255,6 +273,10 @@ class GenerationConfig:
                 f"generation.guidance_scale must be at most {MAX_GUIDANCE:g}, got {self.guidance_scale}"
             )
         _check_positive("generation.shift", self.shift)
+        if not MIN_SHIFT <= self.shift <= 1 / MIN_SHIFT:
+            raise ConfigError(
+                f"generation.shift must be between {MIN_SHIFT:g} and {1 / MIN_SHIFT:g} (Wan uses 3-8), got {self.shift:g}"
+            )
         _check_positive("generation.max_seconds", self.max_seconds)
         _check_positive("generation.max_frames", self.max_frames)
         _check_positive("generation.max_steps", self.max_steps)

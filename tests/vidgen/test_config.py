@@ -43,6 +43,13 @@ def test_wan_preset_matches_the_causal_systems():
         ({"drift": {"anchor_tolerance": float("nan")}}, "drift.anchor_tolerance must be a finite number"),
         ({"generation": {"num_inference_steps": 2000}}, "exceeds generation.max_steps=1000"),
         ({"runtime": {"max_memory_gb": -1}}, "runtime.max_memory_gb must be >= 0"),
+        # past their range (issue 54): a NaN or saturated video, a ZeroDivisionError, a 6.6 GB tokenizer
+        ({"model": {"loras": ["a.safetensors:nan"]}}, "a LoRA's scale must be a finite number"),
+        ({"model": {"loras": ["a.safetensors:-inf"]}}, "got -inf in 'a.safetensors:-inf'"),
+        ({"model": {"loras": ["a.safetensors:1e308"]}}, "between -100 and 100"),
+        ({"model": {"transformer_lora": "l.pt:inf"}}, "a LoRA's scale must be a finite number"),
+        ({"generation": {"shift": 1e-300}}, "generation.shift must be between 0.001 and 1000"),
+        ({"model": {"text_max_length": 100_000_000}}, "model.text_max_length must be at most 4096"),
     ],
 )
 def test_bad_values_are_named(data, message):
