@@ -116,7 +116,16 @@ def load_transformer(folder: Path, config: VidgenConfig):
         )
     except (OSError, ValueError, RuntimeError) as err:
         raise ModelLoadError(f"cannot load the transformer from {source}: {err}") from err
+    check_finite(model.state_dict(), f"the transformer at {source}")
     return model.eval().requires_grad_(False)
+
+
+def check_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
+    """Refuse weights holding NaN or infinity (a broken download or training run): they would make
+    a silently wrong video. One pass over the tensors at load time."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and tensor.device.type != "meta" and not torch.isfinite(tensor).all():
+            raise ModelLoadError(f"{what} holds NaN or infinite values (in {name}): the file is broken")
 
 
 def load_vae(folder: Path, config: VidgenConfig):

@@ -20,7 +20,7 @@ from diffusers.loaders import WanLoraLoaderMixin
 from vidgen.config import parse_lora_spec
 from vidgen.models.lora import check_lora_keys, normalize_lora_state_dict, read_lora_file
 from vidgen.pipelines import hub
-from vidgen.pipelines.loading import ModelLoadError
+from vidgen.pipelines.loading import ModelLoadError, check_finite
 
 if TYPE_CHECKING:  # pragma: no cover
     from vidgen.attention.cache import LRUCache
@@ -77,6 +77,7 @@ class LongVideoLoraLoaderMixin(WanLoraLoaderMixin):
                     path = hub.resolve(source)
                     path = _lora_file(path / weight_name if weight_name else path)
                 state = normalize_lora_state_dict(read_lora_file(path))
+                check_finite(state, f"the LoRA {path}")
         except ModelLoadError:
             raise
         except (OSError, ValueError) as err:

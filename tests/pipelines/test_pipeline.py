@@ -144,6 +144,25 @@ def test_save_and_load_round_trip(tmp_path):
     )
 
 
+def test_weights_holding_nan_are_refused_at_load(tmp_path):
+    """A transformer or LoRA whose weights hold NaN (issue 54: it made a silently wrong video)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = save_tiny_pipeline(tmp_path / "tiny")
+    weights = next((folder / "transformer").glob("*.safetensors"))
+    state = load_file(weights)
+    state["blocks.1.ffn.net.2.weight"][0, 0] = float("nan")
+    save_file(state, weights)
+    with pytest.raises(ModelLoadError, match=r"NaN or infinite values \(in blocks.1.ffn.net.2.weight\)"):
+        LongVideoPipeline.from_pretrained(folder)
+    lora = {"transformer.blocks.0.attn1.to_q.lora_A.weight": torch.full((4, 32), float("inf")),
+            "transformer.blocks.0.attn1.to_q.lora_B.weight": torch.zeros(32, 4)}  # fmt: skip
+    save_file(lora, tmp_path / "lora.safetensors")
+    pipe = tiny_components()
+    with pytest.raises(ModelLoadError, match="the LoRA .*lora.safetensors holds NaN or infinite"):
+        pipe.load_lora_weights(tmp_path / "lora.safetensors")
+
+
 def test_missing_and_corrupt_weights_name_the_path(tmp_path):
     with pytest.raises(ModelLoadError, match="no model folder at .*nowhere"):
         LongVideoPipeline.from_pretrained(tmp_path / "nowhere")
