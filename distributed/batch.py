@@ -119,6 +119,10 @@ class BatchEvent:
     outcome: JobOutcome | None = None
 
 
+MAX_PROBLEMS_SHOWN = 20
+"""Bad lines a refused jobs file names (the count of the others follows)."""
+
+
 class JobFileError(InputError):
     """A jobs file that cannot be run; the message names the line."""
 
@@ -133,6 +137,7 @@ def read_jobs(path: str | Path, defaults: JobDefaults | None = None) -> list[Bat
         raise JobFileError(str(err)) from None
     jobs: list[BatchJob] = []
     outs: dict[Path, int] = {}
+    problems: list[str] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -141,7 +146,14 @@ def read_jobs(path: str | Path, defaults: JobDefaults | None = None) -> list[Bat
             jobs.append(_read_job(line, where, number, defaults, outs))
         except InputError as err:
             message = str(err)
-            raise JobFileError(message if message.startswith(where) else f"{where}: {message}") from None
+            problems.append(message if message.startswith(where) else f"{where}: {message}")
+    if problems:  # every bad line at once, so that one round of fixes makes the file run
+        shown = problems[:MAX_PROBLEMS_SHOWN]
+        more = len(problems) - len(shown)
+        tail = f"; and {more} more bad lines" if more else ""
+        raise JobFileError(
+            (shown[0] if len(problems) == 1 else f"{len(problems)} bad lines: " + "; ".join(shown)) + tail
+        )
     if not jobs:
         raise JobFileError(f"{path} holds no jobs")
     return jobs
@@ -150,7 +162,7 @@ def read_jobs(path: str | Path, defaults: JobDefaults | None = None) -> list[Bat
 def _read_job(line: str, where: str, number: int, defaults: JobDefaults, outs: dict[Path, int]) -> BatchJob:
     """One line of a jobs file; every value checked here, so a bad line fails before any job runs."""
     from vidgen.config import parse_overrides
-    from vidgen.video.reading import read_start
+    from vidgen.video.reading import probe_start
 
     try:
         entry = parse_json(line, where)
@@ -194,7 +206,7 @@ def _read_job(line: str, where: str, number: int, defaults: JobDefaults, outs: d
         raise JobFileError(f'{where}: give "image" or "continue", not both')
     image, clip = entry.get("image"), entry.get("continue")
     try:  # unreadable now is unreadable on the workers: say so before anything runs
-        read_start(image, clip)
+        probe_start(image, clip)
     except InputError as err:
         raise JobFileError(f"{where}: {err}") from None
     d = defaults.request

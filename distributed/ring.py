@@ -156,6 +156,9 @@ def ring_attention(
             cache_rope = group.shard(ctx.cache_rope, layout.frame_tokens)
             k = torch.cat([apply_rope(cached_key.to(key.dtype), cache_rope), k], dim=1)
             v = torch.cat([cached_value.to(value.dtype), v], dim=1)
+    if ctx.qk_transform is not None:  # a model variant's own rotation, on this rank's tokens
+        transform = ctx.qk_transform.sharded(lambda t: group.shard(t, layout.frame_tokens))
+        q, k = transform.apply(q, k, layer)
     block = torch.stack([k, v])  # (2, B, S_kv, H, D): what travels, already rotated
 
     result: Partial | None = None

@@ -58,5 +58,9 @@ def ulysses_attention(
     packed = torch.stack([query, key, value], dim=2)  # (B, S/P, 3, H, D): one all-to-all for the three
     full_query, full_key, full_value = tokens_to_heads(group, packed, shard_frame_tokens).unbind(2)
     # the whole sequence now, so the model's own attention applies as it is (ctx.kv_cache: our heads)
-    out = attend(full_query, full_key, full_value, replace(ctx, parallel=None), layer)  # (B, S, H/P, D)
+    transform = ctx.qk_transform
+    if transform is not None:  # a model variant's own rotation, per head: this rank's heads
+        share = full_query.shape[2]
+        transform = transform.heads(group.rank * share, (group.rank + 1) * share)
+    out = attend(full_query, full_key, full_value, replace(ctx, parallel=None, qk_transform=transform), layer)
     return heads_to_tokens(group, out, shard_frame_tokens)

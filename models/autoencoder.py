@@ -31,13 +31,40 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 
+class Conv2d(nn.Conv2d):
+    """``nn.Conv2d`` whose inference on a CPU gives the same bits whatever the thread count.
+
+    oneDNN, PyTorch's default CPU convolution, splits its sums by thread: the same video decoded
+    with 1 and 2 threads differed by ~1e-6, and after rounding to uint8 in 48 pixels of frame 52
+    (measured). Without a gradient, on a CPU, this runs PyTorch's own convolution (im2col and one
+    matrix product per image), whose sums do not depend on the threads; the weights, the training
+    (gradients) and other devices are ``nn.Conv2d``'s. Its cost: 1.5x oneDNN's time for this
+    model's convolutions on one thread, a few per cent of a chunk."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (
+            x.device.type != "cpu"
+            or torch.is_grad_enabled()
+            or torch.is_autocast_enabled("cpu")  # bfloat16 encodes (training) keep oneDNN's speed
+            or torch.compiler.is_compiling()
+            or self.groups != 1
+            or self.padding_mode != "zeros"
+            or self.dilation != (1, 1)
+            or isinstance(self.padding, str)
+        ):
+            return super().forward(x)
+        return torch.ops.aten.thnn_conv2d(
+            x, self.weight, self.kernel_size, self.bias, self.stride, self.padding
+        )
+
+
 class ResBlock(nn.Module):
     def __init__(self, channels: int, groups: int = 8) -> None:
         super().__init__()
         self.norm1 = nn.GroupNorm(groups, channels)
-        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = Conv2d(channels, channels, 3, padding=1)
         self.norm2 = nn.GroupNorm(groups, channels)
-        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv2 = Conv2d(channels, channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv1(F.silu(self.norm1(x)))
@@ -74,38 +101,38 @@ class AutoencoderKLLite(ModelMixin, ConfigMixin):  # type: ignore[misc]  # diffu
         t, s = scale_factor_temporal, scale_factor_spatial
         folded = in_channels * t * s * s
         self.encoder = nn.Sequential(
-            nn.Conv2d(folded, hidden_channels, 1),
+            Conv2d(folded, hidden_channels, 1),
             *[ResBlock(hidden_channels) for _ in range(encoder_blocks)],
             nn.GroupNorm(8, hidden_channels),
             nn.SiLU(),
-            nn.Conv2d(hidden_channels, 2 * z_dim, 1),
+            Conv2d(hidden_channels, 2 * z_dim, 1),
         )
         # with upsample_channels, the last step is two 2x stages, the second one convolving each
         # frame at half resolution: edges land on exact sub-cell positions in every frame of a group
         head_channels = t * upsample_channels * 4 if upsample_channels else folded
         self.decoder = nn.Sequential(
-            nn.Conv2d(z_dim * (1 + decoder_context), hidden_channels, 1),
+            Conv2d(z_dim * (1 + decoder_context), hidden_channels, 1),
             *[ResBlock(hidden_channels) for _ in range(decoder_blocks)],
             nn.GroupNorm(8, hidden_channels),
             nn.SiLU(),
-            nn.Conv2d(hidden_channels, head_channels, 1),
+            Conv2d(hidden_channels, head_channels, 1),
         )
         self.upsampler = None
         if upsample_channels:
             if s != 4:
                 raise ValueError("upsample_channels needs scale_factor_spatial=4")
             self.upsampler = nn.Sequential(
-                nn.Conv2d(upsample_channels, upsample_channels, 3, padding=1),
+                Conv2d(upsample_channels, upsample_channels, 3, padding=1),
                 nn.SiLU(),
-                nn.Conv2d(upsample_channels, upsample_channels, 3, padding=1),
+                Conv2d(upsample_channels, upsample_channels, 3, padding=1),
                 nn.SiLU(),
-                nn.Conv2d(upsample_channels, in_channels * 4, 1),
+                Conv2d(upsample_channels, in_channels * 4, 1),
             )
         frames_channels = in_channels * t
         self.refine = nn.Sequential(
-            nn.Conv2d(frames_channels, refine_channels, 3, padding=1),
+            Conv2d(frames_channels, refine_channels, 3, padding=1),
             nn.SiLU(),
-            nn.Conv2d(refine_channels, frames_channels, 3, padding=1),
+            Conv2d(refine_channels, frames_channels, 3, padding=1),
         )
         refine_out, moments_out = cast(nn.Conv2d, self.refine[-1]), cast(nn.Conv2d, self.encoder[-1])
         assert refine_out.bias is not None and moments_out.bias is not None  # both made with a bias

@@ -94,7 +94,11 @@ def convert_checkpoint(
     geometry = wan_checkpoint.config_from_original(None, state, overrides, original=original)
     with torch.device("meta"):
         model = CausalWanTransformer(**geometry)
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as err:  # a size mismatch the geometry check does not see
+        first = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err))
+        raise ValueError(f"{path} does not fit the geometry {geometry}: {first}") from None
     if missing or unexpected:
         raise ValueError(
             f"{path} does not match a Wan 2.1 transformer of geometry {geometry}: "

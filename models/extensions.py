@@ -24,6 +24,7 @@ as they are. A config that sets one of these keys builds this class
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -107,6 +108,19 @@ class MovingFrame:
     def apply(self, query: torch.Tensor, key: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         gain = self.gain[layer]
         return apply_motion(query, self.query, gain), apply_motion(key, self.keys, gain)
+
+    # sequence parallelism: the rotation is per token and per head, so a shard takes its part
+    def sharded(self, shard: Callable[[torch.Tensor], torch.Tensor]) -> MovingFrame:
+        """The rotation of one rank's tokens (ring attention): ``shard`` cuts a frame-major
+        (B, frames * frame_tokens, ...) tensor to this rank's tokens of every frame; the keys are
+        the cached frames' (sharded as the rank's cache holds them) followed by this call's."""
+        cached = self.keys.shape[1] - self.query.shape[1]
+        keys = torch.cat([shard(self.keys[:, :cached]), shard(self.keys[:, cached:])], dim=1)
+        return MovingFrame(shard(self.query), keys, self.gain)
+
+    def heads(self, start: int, stop: int) -> MovingFrame:
+        """The rotation of heads ``start:stop`` only (Ulysses attention: a rank's share of them)."""
+        return MovingFrame(self.query, self.keys, self.gain[:, start:stop])
 
 
 class ConditionedWanTransformer(CausalWanTransformer):
@@ -207,8 +221,6 @@ class ConditionedWanTransformer(CausalWanTransformer):
         velocity = text_context.extras.get("velocity")
         if velocity is None or self.velocity_gain is None:
             return
-        if sequence_parallel is not None:
-            raise ValueError("text_velocity is not supported with sequence parallelism")
         device = query_positions.device
         if device not in self._frequencies:  # built once per device, as the rotary tables
             self._frequencies[device] = axis_frequencies(self.rope, device)

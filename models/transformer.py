@@ -271,7 +271,8 @@ class SelfAttentionContext:
     # filled by the blocks and written into the cache once they have all run
     staged: tuple[torch.Tensor, torch.Tensor] | None = None
     # a model variant's extra transform of the rotated queries and keys, ``apply(query, keys,
-    # layer) -> (query, keys)`` (vidgen.models.extensions); None for Wan
+    # layer) -> (query, keys)``, with ``sharded(shard)`` (a ring rank's tokens) and ``heads(start,
+    # stop)`` (a Ulysses rank's heads) for sequence parallelism (vidgen.models.extensions); None for Wan
     qk_transform: Any = None
 
 

@@ -11,6 +11,7 @@ containers, never arbitrary unpickling.
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import re
 import warnings
@@ -221,4 +222,61 @@ def config_from_original(
     out_features = state_dict["proj_out.weight"].shape[0]
     config.setdefault("out_channels", out_features // int(torch.tensor(config["patch_size"]).prod()))
     config.setdefault("cross_attn_norm", "blocks.0.norm2.weight" in state_dict)
+    check_geometry(config, state_dict, source)
     return config
+
+
+_GEOMETRY_INTS = (
+    "num_attention_heads",
+    "attention_head_dim",
+    "in_channels",
+    "out_channels",
+    "text_dim",
+    "freq_dim",
+    "ffn_dim",
+    "num_layers",
+)
+
+
+def check_geometry(config: dict, state_dict: dict[str, torch.Tensor], source: str = "config") -> None:
+    """``ValueError`` in one line naming the first key of ``config`` that the tensors of
+    ``state_dict`` contradict (a count that is not a positive integer, a depth or width the weights
+    do not have), before any model is built from it: a config asking for a million blocks is refused
+    here, not allocated."""
+    for key in _GEOMETRY_INTS:
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{source}: {key} must be a positive integer, got {value!r}")
+    patch = config.get("patch_size")
+    if (
+        not isinstance(patch, (list, tuple))
+        or len(patch) != 3
+        or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in patch)
+    ):
+        raise ValueError(f"{source}: patch_size must be three positive integers, got {patch!r}")
+    embed = state_dict["patch_embedding.weight"]
+    blocks = 1 + max((int(k.split(".")[1]) for k in state_dict if k.startswith("blocks.")), default=-1)
+    implied = {
+        "num_layers": blocks,
+        "in_channels": embed.shape[1],
+        "patch_size": list(embed.shape[2:]),
+        "text_dim": state_dict["condition_embedder.text_embedder.linear_1.weight"].shape[1],
+        "freq_dim": state_dict["condition_embedder.time_embedder.linear_1.weight"].shape[1],
+    }
+    if "blocks.0.ffn.net.0.proj.weight" in state_dict:
+        implied["ffn_dim"] = state_dict["blocks.0.ffn.net.0.proj.weight"].shape[0]
+    for key, value in implied.items():
+        if list(config[key]) != value if key == "patch_size" else config[key] != value:
+            raise ValueError(f"{source}: {key} is {config[key]!r} but the weights have {value!r}")
+    width = config["num_attention_heads"] * config["attention_head_dim"]
+    if width != embed.shape[0]:
+        raise ValueError(
+            f"{source}: num_attention_heads x attention_head_dim is {width} but the weights are "
+            f"{embed.shape[0]} channels wide"
+        )
+    rows = state_dict["proj_out.weight"].shape[0]
+    if config["out_channels"] * math.prod(patch) != rows:
+        raise ValueError(
+            f"{source}: out_channels {config['out_channels']} x patch_size {list(patch)} is not the "
+            f"weights' {rows} output rows"
+        )

@@ -120,6 +120,22 @@ def load_transformer(folder: Path, config: VidgenConfig):
     return model.eval().requires_grad_(False)
 
 
+def check_attention_backend(config: VidgenConfig) -> None:
+    """An attention backend named in the config that cannot run on this machine (flash-attn or
+    xformers not installed, no GPU) is refused now, in one line, not at the first forward."""
+    from vidgen.attention.registry import get_backend
+
+    name = config.runtime.attention_backend
+    if not name:
+        return
+    try:
+        reason = get_backend(name).unusable_reason()
+    except (KeyError, ValueError) as err:
+        raise InputError(f"runtime.attention_backend: {err}") from None
+    if reason is not None:
+        raise InputError(f"runtime.attention_backend = {name!r} cannot run here: {reason}")
+
+
 def check_finite(tensors: dict[str, torch.Tensor], what: str) -> None:
     """Refuse weights holding NaN or infinity (a broken download or training run): they would make
     a silently wrong video. One pass over the tensors at load time."""
@@ -132,6 +148,16 @@ def load_vae(folder: Path, config: VidgenConfig):
     source = folder / "vae"
     if not source.is_dir():
         raise ModelLoadError(f"{source} not found: the pipeline folder has no vae/")
+    expected = "AutoencoderKLWan" if config.model.vae == "wan" else "AutoencoderKLLite"
+    try:
+        saved = json.loads((source / "config.json").read_text()).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        saved = None  # diffusers' loading says what is wrong with the file
+    if saved in ("AutoencoderKLWan", "AutoencoderKLLite") and saved != expected:
+        other = "wan" if saved == "AutoencoderKLWan" else "lite"
+        raise ModelLoadError(
+            f"model.vae = {config.model.vae!r} but {source} holds an {saved}: set model.vae = {other!r}"
+        )
     try:
         if config.model.vae == "wan":
             from diffusers import AutoencoderKLWan
@@ -141,7 +167,7 @@ def load_vae(folder: Path, config: VidgenConfig):
             from vidgen.models.autoencoder import AutoencoderKLLite
 
             vae = AutoencoderKLLite.from_pretrained(source, use_safetensors=True, local_files_only=True)
-    except (OSError, ValueError, RuntimeError) as err:
+    except (OSError, ValueError, RuntimeError, NotImplementedError) as err:
         raise ModelLoadError(f"cannot load the autoencoder from {source}: {err}") from err
     return vae.eval().requires_grad_(False)
 

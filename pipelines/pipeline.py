@@ -41,6 +41,7 @@ from vidgen.pipelines.run import VideoRun, flow_schedule
 from vidgen.pipelines.run import _chunk_generator as _chunk_generator
 from vidgen.pipelines.run import autocast_dtype as autocast_dtype
 from vidgen.pipelines.run import decode_to_frames as decode_to_frames
+from vidgen.pipelines.state_file import check_overwritable, check_state_path
 from vidgen.pipelines.vae_stream import encode_video, spatial_factor, temporal_factor
 from vidgen.request import prompt_changes
 from vidgen.validation import InputError, check_guidance, check_number, check_seed, check_text
@@ -142,9 +143,17 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
 
         if isinstance(config, (str, os.PathLike)):
             config = load_config(config)
+        chosen = overrides.get("model.path")
+        if chosen:  # the weights to load: resolved here, or the setting would be silently ignored
+            if path_or_name not in (None, "", "default") and str(path_or_name) != str(chosen):
+                raise InputError(
+                    f"model.path={chosen} and the model {path_or_name} disagree: give one of them"
+                )
+            path_or_name = chosen
         folder, config = loading.resolve_model(path_or_name, config)
         if overrides:
             config = config.replace(**overrides)
+        loading.check_attention_backend(config)
         loading.apply_threads(config.runtime.threads)
         transformer = loading.load_transformer(folder, config)
         vae = loading.load_vae(folder, config)
@@ -415,6 +424,7 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
         config: VidgenConfig | None = None, need_length: bool = True,
     ) -> tuple[ChunkPlanner, int | None, int, int]:  # fmt: skip
         config = config or self.config
+        loading.check_attention_backend(config)
         g = config.generation
         height, width = _size(height, g.height, "height"), _size(width, g.width, "width")
         self.latent_size(height, width)
@@ -503,8 +513,12 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             "negative_prompt", g.negative_prompt if negative_prompt is None else negative_prompt
         )
         seed = seed_of(generator)
-        if state_path is not None and Path(state_path).is_dir():
-            raise InputError(f"state_path must be a file path, {state_path} is a directory")
+        if state_path is not None:  # neither read nor overwritten unless it is a vidgen state
+            if not Path(state_path).parent.is_dir():
+                raise InputError(f"state_path {state_path}: its folder does not exist")
+            check_state_path(state_path)
+            if not resume:
+                check_overwritable(state_path)
         check_memory(self, config, height, width, guidance)
 
         # the attention backend is entered per step, never held across a yield: a consumer may
@@ -635,26 +649,33 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             return None
         if video is not None and image is not None:
             raise InputError("pass video= or image=, not both")
-        from vidgen.video import read_image, read_video
+        from vidgen.video.reading import image_size, probe_video, read_image, read_video
 
+        name = "image=" if image is not None else "video="
+        resized = False
         try:  # a file that cannot be read is the user's to fix
-            if isinstance(image, (str, os.PathLike)):
-                frames = read_image(image)[None]
+            if isinstance(image, (str, os.PathLike)):  # decoded at the video's size: never more
+                resized = image_size(image) != (width, height)
+                frames = read_image(image, size=(height, width))[None]
             elif image is not None:
                 frames = np.asarray(image)[None]
             elif isinstance(video, (str, os.PathLike)):
-                frames, _ = read_video(video)
+                info = probe_video(video)
+                resized = (info["height"], info["width"]) != (height, width)
+                frames, _ = read_video(video, size=(height, width))
             else:
                 frames = np.asarray(video) if not torch.is_tensor(video) else video.cpu().numpy()
         except (FileNotFoundError, ValueError) as err:
-            raise InputError(str(err)) from None
-        name = "image=" if image is not None else "video="
-        if frames.ndim != 4 or frames.shape[-1] != 3 or len(frames) == 0:
+            raise InputError(f"{name} {str(err).splitlines()[0]}") from None
+        if frames.ndim != 4 or frames.shape[-1] != 3 or 0 in frames.shape:
             raise InputError(f"{name} must be frames (T, H, W, 3), got shape {tuple(frames.shape)}")
         if frames.dtype.kind not in "uif" or frames.dtype.kind == "f" and not np.isfinite(frames).all():
             raise InputError(f"{name} must hold finite numbers (uint8, or floats in [0, 1]), got NaN or inf")
-        tensor = torch.tensor(frames, dtype=torch.float32)  # a copy: the caller's array may be read-only
-        tensor = tensor / 127.5 - 1.0 if frames.dtype == np.uint8 else tensor * 2.0 - 1.0
+        if resized:  # as resize_video's VideoProcessor turns its resized uint8 frames into [-1, 1]
+            tensor = 2.0 * torch.from_numpy(frames.astype(np.float32) / 255.0) - 1.0
+        else:
+            tensor = torch.tensor(frames, dtype=torch.float32)  # a copy: the caller's array may be read-only
+            tensor = tensor / 127.5 - 1.0 if frames.dtype == np.uint8 else tensor * 2.0 - 1.0
         tensor = tensor.permute(3, 0, 1, 2)[None]  # (1, 3, T, H, W) in [-1, 1]
         if frames.shape[1:3] != (height, width):
             tensor = resize_video(tensor, height, width)

@@ -30,8 +30,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
 
 from vidgen.config import GenerationConfig, VidgenConfig, cpu_has_native_bf16
 from vidgen.models import KVCache, drop_cast_weights
@@ -39,11 +37,9 @@ from vidgen.pipelines.denoiser import ChunkDenoiser, Conditioning, context_group
 from vidgen.pipelines.drift import DriftMeasures, DriftMonitor, StatsAnchor
 from vidgen.pipelines.plan import ChunkPlanner, DriftAction, GenerationMode, PlannedChunk
 from vidgen.pipelines.scheduler import FlowSchedule
+from vidgen.pipelines.state_file import StateFileError, file_digest, read_state, write_state
 from vidgen.pipelines.vae_stream import spatial_factor, streaming_decoder, video_to_uint8
 from vidgen.validation import InputError
-
-STATE_FORMAT = "vidgen-run-state-1"
-"""The format of a saved generation state (:meth:`VideoRun.save`)."""
 
 
 @dataclass
@@ -171,6 +167,7 @@ class VideoRun:
         self.replay: dict[int, torch.Tensor] = {}
         self.snapshot_every = config.runtime.kv_snapshot_every
         self._snapshot_chunk = -1
+        self._snapshot_digest: str | None = None  # of the snapshot file, recorded in the state
         # a group of frames in the cache -> the conditioning it was written under (write_held)
         self._written: dict[tuple[int, ...], Hashable] = {}
         self.decoder = streaming_decoder(pipe.vae) if decode else None  # None: decoded elsewhere
@@ -492,11 +489,8 @@ class VideoRun:
         for order, f in enumerate(self.in_flight):
             state[f"in_flight.{order}.{f.chunk.index}"] = f.latents
         # "extra." as in the files of earlier versions, which held the KV cache beside these
-        tensors = {f"extra.{k}": v.detach().cpu().contiguous() for k, v in state.items()}
-        metadata = {"format": STATE_FORMAT, "settings": json.dumps(self._settings())}
-        tmp = Path(str(path) + ".tmp")
-        save_file(tensors, os.fspath(tmp), metadata=metadata)
-        os.replace(tmp, path)
+        snapshot = {"snapshot_sha256": self._snapshot_digest} if self._snapshot_digest else {}
+        write_state(path, {f"extra.{k}": v for k, v in state.items()}, self._settings(), **snapshot)
         if previous_snapshot >= 0 and previous_snapshot != self._snapshot_chunk:
             _snapshot_path(path, previous_snapshot).unlink(missing_ok=True)
 
@@ -508,6 +502,7 @@ class VideoRun:
         history = {f"history.{frame}": latents.detach().cpu() for frame, latents in self.history.items()}
         self.cache.save(tmp, extra=history)
         os.replace(tmp, target)
+        self._snapshot_digest = file_digest(target)
         self._snapshot_chunk = chunk_index
         self.replay = {}
 
@@ -515,23 +510,15 @@ class VideoRun:
     def load(self, path: str | os.PathLike, negative: str) -> int:
         """Take up the state saved at ``path`` and rebuild the KV cache from its latents, as the
         chunk it was saved after left it; returns that chunk's index."""
-        with safe_open(os.fspath(path), framework="pt") as f:
-            meta = f.metadata() or {}
-        if meta.get("format") != STATE_FORMAT:
-            raise InputError(
-                f"{path} is not a generation state this vidgen can resume (format {meta.get('format')!r}); "
-                "delete it to start the video over"
-            )
+        device = self.device
+        meta, tensors = read_state(path, device=str(device))
         saved, settings = json.loads(meta["settings"]), self._settings()
         if saved != settings:
             changed = ", ".join(
                 f"{k} {saved.get(k)!r} (now {v!r})" for k, v in settings.items() if saved.get(k) != v
             )
             raise InputError(f"{path} was saved with different settings ({changed})")
-        device = self.device
-        extra = {
-            k.removeprefix("extra."): v for k, v in load_file(os.fspath(path), device=str(device)).items()
-        }
+        extra = {k.removeprefix("extra."): v for k, v in tensors.items()}
         if int(extra["seed"][0]) != self.seed:
             raise InputError(f"{path} was saved with seed {int(extra['seed'][0])}, this run uses {self.seed}")
 
@@ -548,7 +535,7 @@ class VideoRun:
         if self.window_context:
             snapshot = int(extra["snapshot_chunk"][0]) if "snapshot_chunk" in extra else -1
             replay = {int(frame): latents for frame, latents in part("replay.").items()}
-            self._replay(path, snapshot, replay, chunk_index, negative)
+            self._replay(path, snapshot, replay, chunk_index, negative, meta.get("snapshot_sha256"))
         else:
             self.history = {int(frame): latents for frame, latents in part("history.").items()}
             done = next(c for c in self.planner.chunks(None) if c.index == chunk_index)
@@ -564,6 +551,7 @@ class VideoRun:
         replay: dict[int, torch.Tensor],
         chunk_index: int,
         negative: str,
+        snapshot_digest: str | None = None,
     ) -> None:
         """``window``: the cache as chunk ``chunk_index`` left it, from the snapshot (or an empty
         cache) and the latents made since, by running the context passes and re-caches of those
@@ -571,7 +559,14 @@ class VideoRun:
         self.cache.reset()
         self.history = {}
         if snapshot >= 0:
-            saved, extra = KVCache.load(_snapshot_path(path, snapshot), device=self.device)
+            snapshot_file = _snapshot_path(path, snapshot)
+            if (
+                not snapshot_file.is_file()
+                or snapshot_digest
+                and file_digest(snapshot_file) != snapshot_digest
+            ):
+                raise StateFileError(f"{snapshot_file} is missing or damaged (its checksum differs)")
+            saved, extra = KVCache.load(snapshot_file, device=self.device)
             if saved.k.shape != self.cache.k.shape:
                 raise InputError(f"{_snapshot_path(path, snapshot)} holds a KV cache of another geometry")
             self.cache.k.copy_(saved.k)
@@ -580,6 +575,7 @@ class VideoRun:
             self.cache.version += 1  # the held frames changed: the workspace is rebuilt
             self.history = {int(k.removeprefix("history.")): v for k, v in extra.items()}
         self._snapshot_chunk = snapshot
+        self._snapshot_digest = snapshot_digest
         self.replay = dict(replay) if self.keep_replay else {}
 
         def latents_of(start: int, end: int) -> torch.Tensor:

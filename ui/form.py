@@ -122,7 +122,8 @@ def parse_storyboard(table: Any) -> list[tuple[float, str]]:
 
 
 def _number(name: str, value: Any, default: float) -> float:
-    if _blank(value):
+    # an emptied field arrives as None or ""; NaN is a value sent through the API, not a blank
+    if value is None or isinstance(value, str) and not value.strip():
         return default
     if isinstance(value, bool):
         raise FormError(f"{name} must be a number, got {value!r}")
@@ -240,19 +241,22 @@ def build_request(form: Form, info: ModelInfo) -> tuple[GenerationRequest, list[
 def _start(path: Any, height: int, width: int, warnings: list[str]) -> dict[str, str]:
     if _blank(path):
         return {}
-    from vidgen.video import read_image, read_video
+    from vidgen.video.reading import probe_start
 
     path = str(path)
     kind = "image" if Path(path).suffix.lower() in IMAGE_SUFFIXES else "video"
-    try:
-        frames = read_image(path)[None] if kind == "image" else read_video(path)[0]
-    except (FileNotFoundError, ValueError) as err:
-        raise FormError(f"the uploaded file cannot be used: {str(err).splitlines()[0]}") from None
-    if not len(frames):
-        raise FormError("the uploaded video holds no frames: upload another, or remove it")
-    if frames.shape[1:3] != (height, width):
+    try:  # the header and packets only: an image too large to decode is refused before decoding
+        found = probe_start(**{kind: path})
+    except InputError as err:
+        message = str(err).split(": ", 1)[-1]
+        if "holds no frames" in message:
+            raise FormError("the uploaded video holds no frames: upload another, or remove it") from None
+        raise FormError(f"the uploaded file cannot be used: {message}") from None
+    assert found is not None  # a path was given
+    _, found_height, found_width = found
+    if (found_height, found_width) != (height, width):
         warnings.append(
-            f"the uploaded {kind} is {frames.shape[2]}x{frames.shape[1]}: it is stretched to {width}x{height}"
+            f"the uploaded {kind} is {found_width}x{found_height}: it is stretched to {width}x{height}"
         )
     return {kind: path}
 

@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
 
-from vidgen.validation import MAX_GUIDANCE, InputError, check_text, read_text_file
+from vidgen.validation import MAX_GUIDANCE, InputError, check_text, parse_toml, read_text_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -558,6 +558,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             value = tomllib.loads(f"v = {raw}")["v"]
         except ValueError:
             value = raw  # a bare string
+        except RecursionError:
+            raise InputError(f"--set {key.strip()}: the value is nested too deeply") from None
         for number in value if isinstance(value, list) else [value]:
             if isinstance(number, float) and not math.isfinite(number):
                 raise InputError(f"--set {key.strip()}: must be a finite number, got {raw.strip()}")
@@ -648,8 +650,8 @@ def load_config(name_or_path: str | Path | None = None, **overrides: Any) -> Vid
             raise ConfigError(f"unknown preset {str(name_or_path)!r}; presets: {', '.join(preset_names())}")
         text, source = preset.read_text(), f"preset {name_or_path}"
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{source}: not valid TOML: {err}") from None
+        data = parse_toml(text, source)
+    except InputError as err:
+        raise ConfigError(str(err)) from None
     config = VidgenConfig.from_dict(data, source)
     return config.replace(**overrides) if overrides else config

@@ -18,6 +18,8 @@ import numpy as np
 
 from vidgen.shapes import captions, world
 from vidgen.shapes.evaluate import VideoReport, evaluate_video
+from vidgen.shapes.prompts import parse_prompt
+from vidgen.validation import parse_json, read_text_file
 
 Prompt = str | list[tuple[float, str]]
 
@@ -34,7 +36,7 @@ ABLATIONS: dict[str, dict[str, object]] = {
 def read_prompt_file(path: str | Path) -> list[Prompt]:
     """One prompt per line; a storyboard is ``0: caption | 4: caption`` on one line; ``#`` comments."""
     prompts: list[Prompt] = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    for number, line in enumerate(read_text_file(path, "prompts").splitlines(), start=1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -44,6 +46,10 @@ def read_prompt_file(path: str | Path) -> list[Prompt]:
             except ValueError as err:
                 raise ValueError(f"{path}:{number}: {err}") from None
         else:
+            try:  # the evaluator judges a video by its prompt's parse: one it cannot parse is refused now
+                parse_prompt(line)
+            except ValueError as err:
+                raise ValueError(f"{path}:{number}: {str(err)[:120]}") from None
             prompts.append(line)
     if not prompts:
         raise ValueError(f"{path} holds no prompts")
@@ -133,6 +139,8 @@ def run_video(pipe, prompt: Prompt, seconds: float, seed: int) -> tuple[VideoRes
 
 
 PER_VIDEO = "per_video"
+MAX_REPORT_BYTES = 64 << 20
+"""Largest report.json read (a 140-video report is ~0.2 MB)."""
 """The key of a report's per-video records (``{set name: [record, ...]}``), beside the summaries."""
 
 COMPARED = ("frame_pass_rate", "shape_right_rate", "window_pass_rate", "direction_ok", "adheres")
@@ -153,17 +161,19 @@ def _read_records(report: str | Path | dict) -> dict[tuple[str, str, int, float]
     if not isinstance(report, dict):
         path = Path(report)
         path = path / "report.json" if path.is_dir() else path
-        try:
-            report = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ValueError(f"no report at {path}: run `vidgen eval --out-dir` first") from None
-    sets = report.get(PER_VIDEO)
-    if not sets:
+        if not path.exists():
+            raise ValueError(f"no report at {path}: run `vidgen eval --out-dir` first")
+        report = parse_json(read_text_file(path, "report", max_bytes=MAX_REPORT_BYTES), f"report {path}")
+    sets = report.get(PER_VIDEO) if isinstance(report, dict) else None
+    if not sets or not isinstance(sets, dict):
         raise ValueError("the report has no per-video records (written by vidgen eval since 2026-12-03)")
     records = {}
-    for name, videos in sets.items():
-        for v in videos:
-            records[(name, json.dumps(v["prompt"]), int(v["seed"]), float(v["seconds"]))] = v
+    try:
+        for name, videos in sets.items():
+            for v in videos:
+                records[(name, json.dumps(v["prompt"]), int(v["seed"]), float(v["seconds"]))] = v
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise ValueError("the report's per-video records are not as vidgen eval writes them") from None
     return records
 
 

@@ -29,6 +29,7 @@ from vidgen.validation import (
     check_number,
     check_seed,
     check_text,
+    is_blank,
     parse_json,
 )
 
@@ -205,7 +206,7 @@ def prompt_changes(prompt: Any, storyboard: Any, names: Mapping[str, str] | None
         )
     prompt_name, storyboard_name = names.get("prompt", "the prompt"), names.get("storyboard", "storyboard=")
     if storyboard is None:
-        if not check_text(prompt_name, prompt).strip():
+        if is_blank(check_text(prompt_name, prompt)):
             raise InputError(f"{prompt_name} is empty: say what the video shows")
         return [(0.0, prompt.strip())]
     if not isinstance(storyboard, (list, tuple)) or not storyboard:
@@ -216,7 +217,7 @@ def prompt_changes(prompt: Any, storyboard: Any, names: Mapping[str, str] | None
             raise InputError(f"storyboard entry {i} must be (start_seconds, prompt), got {entry!r}")
         start = float(check_number(f"storyboard entry {i} start", entry[0], minimum=0))
         text = check_text(f"storyboard entry {i} prompt", entry[1])
-        if not text.strip():
+        if is_blank(text):
             raise InputError(f"storyboard entry {i} has an empty prompt")
         if board and start <= board[-1][0]:
             raise InputError(

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import stat
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any, cast
 
@@ -92,11 +94,38 @@ def check_text(name: str, value: Any) -> str:
     return value
 
 
+def check_regular_file(file: Path, what: str) -> None:
+    """:class:`InputError` unless ``file`` is a regular file (a link to one is): a folder, a device
+    (``/dev/zero``), a FIFO or a socket is refused by its kind, never by reading it."""
+    try:
+        mode = file.stat().st_mode
+    except FileNotFoundError:
+        raise InputError(f"{what} file not found: {file}") from None
+    except OSError as err:
+        raise InputError(f"{what} {file} cannot be read: {err.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise InputError(f"{what} {file} is a folder, not a file")
+    if not stat.S_ISREG(mode):
+        kind = (
+            "device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "FIFO"
+            if stat.S_ISFIFO(mode)
+            else "socket"
+        )
+        raise InputError(f"{what} {file} is a {kind}, not a file")
+
+
+def is_blank(text: str) -> bool:
+    """True when ``text`` shows nothing: only whitespace, control and format characters (zero-width
+    spaces and joiners, direction marks), which a tokenizer drops or reads as nothing."""
+    return all(unicodedata.category(ch)[0] in "ZC" for ch in text)
+
+
 def read_text_file(path: str | Path, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
     """A UTF-8 text file of at most ``max_bytes``, else :class:`InputError` naming ``what``."""
     file = Path(path)
-    if not file.is_file():
-        raise InputError(f"{what} file not found: {path}")
+    check_regular_file(file, what)
     size = file.stat().st_size
     if size > max_bytes:
         raise InputError(f"{what} {path} is {size} bytes, more than the {max_bytes} a {what} file may have")
@@ -144,15 +173,24 @@ def parse_json(text: str, source: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
     return data
 
 
+def parse_toml(text: str, source: str) -> dict[str, Any]:
+    """TOML, or :class:`InputError` naming ``source``: a syntax error, or nesting so deep that the
+    parser would recurse past Python's limit (it recurses once per level of arrays and tables)."""
+    try:
+        return tomllib.loads(text)
+    except ValueError as err:
+        raise InputError(f"{source}: not valid TOML: {err}") from None
+    except RecursionError:
+        raise InputError(f"cannot parse {source}: nested too deeply") from None
+
+
 def parse_storyboard(text: str, source: str, toml: bool) -> list[tuple[float, str]]:
     """``[[scene]] start = 0  prompt = "..."`` (TOML) or ``[{"start": 0, "prompt": "..."}]`` /
     ``[[0, "..."], ...]`` (JSON) -> ``[(start_seconds, prompt), ...]``, times checked finite."""
+    data: Any
     if toml:
-        try:
-            data = tomllib.loads(text)
-        except ValueError as err:
-            raise InputError(f"cannot parse {source}: {err}") from None
-        data = data.get("scene", data.get("scenes"))
+        table = parse_toml(text, source)
+        data = table.get("scene", table.get("scenes"))
     else:
         data = parse_json(text, source)
         if isinstance(data, dict):

@@ -1,4 +1,5 @@
-"""Sanity checks of the default model, as the model card's "Diagnosis" table reports them.
+"""Sanity checks of the default model, as the training log's "Diagnosis" table reports them
+(docs/default-model-training-log.md).
 
     python benchmarks/default_model/diagnose.py shape-word   [--model DIR]
     python benchmarks/default_model/diagnose.py probe        [--model DIR]   # x0 from noised truth

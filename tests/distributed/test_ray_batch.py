@@ -165,6 +165,32 @@ def test_job_file_errors_name_the_line(tmp_path, line, message):
     assert message in str(err.value)
 
 
+def test_every_bad_line_is_named_at_once(tmp_path):
+    """A file with several bad lines is refused in one line naming each of them, so one round of
+    fixes makes it run; past 20, the rest are counted."""
+    jobs_file = tmp_path / "jobs.jsonl"
+    lines = [
+        json.dumps({"prompt": "ok", "out": str(tmp_path / "ok.mp4")}),
+        json.dumps({"prompt": "p", "out": "a.mp4", "steps": 2.5}),
+        "not json",
+        json.dumps({"prompt": 3, "out": "b.mp4"}),
+    ]
+    jobs_file.write_text("\n".join(lines) + "\n")
+    with pytest.raises(JobFileError) as err:
+        read_jobs(jobs_file, JobDefaults())
+    message = str(err.value)
+    assert message.startswith("3 bad lines: ") and "\n" not in message
+    for number, what in (
+        (2, '"steps" must be an integer'),
+        (3, "not JSON"),
+        (4, '"prompt" must be a string'),
+    ):
+        assert f"jobs.jsonl:{number}: " in message and what in message
+    jobs_file.write_text("\n".join(["not json"] * 25) + "\n")
+    with pytest.raises(JobFileError, match=r"^25 bad lines: .*; and 5 more bad lines$"):
+        read_jobs(jobs_file, JobDefaults())
+
+
 def test_a_layout_that_cannot_be_placed_leaves_nothing_behind(tmp_path, monkeypatch):
     """``--replicas 64`` on a small cluster exits 2: no ``.parts`` nor ``request.json`` may stay."""
     from vidgen.distributed import batch

@@ -255,7 +255,7 @@ def test_memory_estimate_refuses_what_cannot_fit(pipe):
 
 
 def test_state_path_that_is_a_directory_is_refused(pipe, tmp_path):
-    with pytest.raises(InputError, match="state_path must be a file path"):
+    with pytest.raises(InputError, match="is not a file .* give a file path"):
         next(pipe.stream(PROMPT, seconds=1, generator=0, state_path=tmp_path))
     assert list(tmp_path.parent.glob(tmp_path.name + ".tmp")) == []
 
@@ -435,3 +435,28 @@ def test_a_state_saved_by_an_older_version_is_refused(pipe, tmp_path):
                 overrides={"generation.window_frames": 2},
             )
         )  # fmt: skip
+
+
+def test_a_state_path_is_only_a_vidgen_state(pipe, tmp_path):
+    """``state_path`` never overwrites or reads someone's other file: a file that is not a vidgen
+    state (with ``resume`` or without), a device node, or a path in a missing folder is refused
+    before the first chunk, and the file is left as it was."""
+    other = tmp_path / "notes.txt"
+    other.write_text("my notes")
+    for resume in (False, True):
+        with pytest.raises(InputError, match="not a (whole |vidgen )?generation state"):
+            next(pipe.stream(PROMPT, seconds=1, generator=0, state_path=other, resume=resume))
+    assert other.read_text() == "my notes"
+    with pytest.raises(InputError, match="is not a file"):
+        next(pipe.stream(PROMPT, seconds=1, generator=0, state_path="/dev/null"))
+    with pytest.raises(InputError, match="its folder does not exist"):
+        next(pipe.stream(PROMPT, seconds=1, generator=0, state_path=tmp_path / "missing" / "s.safetensors"))
+    # a state this vidgen wrote is taken up, and one damaged after it was written is refused
+    state = tmp_path / "state.safetensors"
+    first = [c.frames for c in pipe.stream(PROMPT, seconds=1, generator=0, state_path=state)]
+    data = bytearray(state.read_bytes())
+    data[-1] ^= 1
+    state.write_bytes(bytes(data))
+    with pytest.raises(InputError, match="damaged"):
+        next(pipe.stream(PROMPT, seconds=2, generator=0, state_path=state, resume=True))
+    assert first

@@ -67,3 +67,28 @@ def test_serve_settings_check_the_upscale():
         ServeSettings(upscale=0)
     with pytest.raises(ValueError, match="'nearest' or 'lanczos'"):
         ServeSettings(upscale=2, resample="cubic")
+
+
+def test_the_page_config_reaches_no_model(tiny_sessions, tmp_path, monkeypatch):
+    """Gradio deep-copies the page's config on every ``GET /config`` (each client's first request).
+    Built on the real session manager, whose pipeline holds the weights, nothing of it may be
+    copied: a bound method in a component's settings (``gr.State``'s delete callback) copied its
+    object, and with it every weight (0.9 s and +300 MB a request with the default model)."""
+    import torch
+    from gradio.utils import safe_deepcopy
+
+    files = ServerFiles.create(60, parent=tmp_path)
+    try:
+        app = build_app(tiny_sessions, tiny_sessions.info, files, ServeSettings())
+        copied = []
+        original = torch.Tensor.__deepcopy__
+
+        def counting(self, memo):
+            copied.append(tuple(self.shape))
+            return original(self, memo)
+
+        monkeypatch.setattr(torch.Tensor, "__deepcopy__", counting)
+        safe_deepcopy(app.config)
+        assert copied == []
+    finally:
+        files.cleanup()

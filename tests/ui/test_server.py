@@ -167,6 +167,73 @@ def test_uploads_beyond_the_limit_are_refused_with_a_message(server):
         )
 
 
+def _raw_post(server, path: str, headers: list[str], body_parts, timeout: float = 20.0) -> str:
+    """POST over a plain socket (what an HTTP client would not send: chunked or lying bodies);
+    returns the response's status line. Sending stops when the server closes the connection."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(server.url)
+    head = "\r\n".join([f"POST {path} HTTP/1.1", f"Host: {url.hostname}:{url.port}", *headers, "", ""])
+    with socket.create_connection((url.hostname, url.port), timeout=timeout) as sock:
+        try:
+            sock.sendall(head.encode())
+            for part in body_parts:
+                sock.sendall(part)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before the body was all sent
+        response = b""
+        try:
+            while b"\r\n" not in response:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                response += data
+        except ConnectionResetError:
+            pass
+    return response.split(b"\r\n", 1)[0].decode(errors="replace")
+
+
+def _form(size: int) -> tuple[str, bytes]:
+    boundary = "vidgenboundary"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="a.png"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        + b"\0" * size
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    return f"Content-Type: multipart/form-data; boundary={boundary}", body
+
+
+def test_bodies_are_counted_as_they_arrive_whatever_their_length_says(server):
+    """The body limit counts bytes as they come: a 3 MB upload sent chunked (no Content-Length)
+    against the 1 MB limit is 413, not a 500; one whose Content-Length says 100 is refused, not
+    cut at 100 bytes and accepted; a small chunked upload still goes through."""
+    path = "/gradio_api/upload"
+    content_type, big = _form(3_000_000)
+
+    def chunked(body: bytes):
+        for k in range(0, len(body), 65536):
+            piece = body[k : k + 65536]
+            yield f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+        yield b"0\r\n\r\n"
+
+    status = _raw_post(
+        server, path, [content_type, "Transfer-Encoding: chunked", "Connection: close"], chunked(big)
+    )
+    assert " 413 " in status, status
+    status = _raw_post(server, path, [content_type, "Content-Length: 100", "Connection: close"], [big])
+    assert " 400 " in status, status
+    _, small = _form(1000)
+    status = _raw_post(
+        server, path, [content_type, "Transfer-Encoding: chunked", "Connection: close"], chunked(small)
+    )
+    assert " 200 " in status, status
+    assert httpx.get(server.url, timeout=10).status_code == 200  # and the server goes on
+
+
 def test_a_request_beyond_the_servers_limits_is_refused(server):
     """The page's fields carry the server's limits (twice the tiny model's 64x64 and 4 steps), and
     Gradio checks them before the handler runs; the form and ``SessionManager.open`` check again."""

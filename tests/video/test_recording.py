@@ -124,11 +124,38 @@ def test_resuming_with_other_settings_is_refused(tmp_path):
         SegmentedRecording(tmp_path / "rec", FPS, preset="fast")
 
 
-def test_missing_listed_segment_is_reported(tmp_path):
-    record(tmp_path / "rec", chunks=(16, 16))
-    os.remove(tmp_path / "rec" / "chunk_00000.mp4")
-    with pytest.raises(FileNotFoundError, match="lists chunk_00000.mp4 but it is missing"):
-        SegmentedRecording(tmp_path / "rec", FPS)
+def _flip_byte(path, offset):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x20
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (lambda p: os.remove(p), "chunk_00001.mp4 is missing"),
+        (lambda p: _flip_byte(p, len(p.read_bytes()) // 2), "not the file recorded"),
+        (lambda p: p.write_bytes(p.read_bytes()[:-100]), "not the file recorded"),  # a torn write
+        (lambda p: p.write_bytes((p.parent / "chunk_00000.mp4").read_bytes()), "not the file recorded"),
+    ],
+    ids=["deleted", "flipped", "truncated", "swapped"],
+)
+def test_a_damaged_segment_and_the_later_ones_leave_the_recording(tmp_path, damage, why):
+    """A segment that is not what was recorded (each case would join into a wrong or undecodable
+    MP4) is found by its checksum when the folder is opened: it and every later chunk leave the
+    manifest, their files are removed, and recording goes on from there."""
+    record(tmp_path / "rec", chunks=(16, 16, 16))
+    damage(tmp_path / "rec" / "chunk_00001.mp4")
+    recording = SegmentedRecording(tmp_path / "rec", FPS)
+    assert recording.dropped is not None and recording.dropped[0] == 1 and why in recording.dropped[1]
+    assert recording.completed_chunks() == [0]
+    assert sorted(os.listdir(tmp_path / "rec")) == ["chunk_00000.mp4", "manifest.json"]
+    assert SegmentedRecording(tmp_path / "rec", FPS).dropped is None  # the manifest was rewritten
+    for index in (1, 2):
+        recording.append(index, moving_shapes(16, seed=index))
+    recording.finalize(tmp_path / "out.mp4")
+    expected = decode_segments(record(tmp_path / "whole", chunks=(16, 16, 16)))
+    assert np.array_equal(read_video(tmp_path / "out.mp4")[0], expected)
 
 
 def test_empty_recording_cannot_be_finalized(tmp_path):

@@ -8,11 +8,10 @@ is refused (exit 2) and nothing in it runs.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from vidgen.validation import InputError
+from vidgen.validation import InputError, parse_json, read_text_file
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
@@ -45,14 +44,17 @@ def run(args: argparse.Namespace) -> int:
     checkpoint, out = Path(args.checkpoint), Path(args.out_dir)
     if not checkpoint.is_file():
         raise InputError(f"no checkpoint at {checkpoint}")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"OUT_DIR {out} is a file, not a folder: choose a folder to write")
     if out.exists() and any(out.iterdir()) and not args.force:
         raise InputError(f"{out} is not empty: choose another OUT_DIR or pass --force")
     config = None
     if args.config:
-        try:
-            config = json.loads(Path(args.config).read_text())
-        except (OSError, ValueError) as err:
-            raise InputError(f"--config {args.config}: {err}") from None
+        config = parse_json(read_text_file(args.config, "--config"), f"--config {args.config}")
+        if not isinstance(config, dict):
+            raise InputError(
+                f"--config {args.config} must hold a JSON object of settings, not a {type(config).__name__}"
+            )
     if config is not None:
         try:
             ignored = ignored_config_keys(config)
@@ -70,7 +72,10 @@ def run(args: argparse.Namespace) -> int:
             checkpoint, out, key=args.key, lora=lora, lora_scale=scale, dtype=args.dtype, config=config
         )
     except (OSError, ValueError) as err:
-        raise InputError(str(err)) from None
+        message = str(err)
+        if args.config and message.startswith("config: "):  # the geometry check calls it "config"
+            message = f"--config {args.config}: " + message.removeprefix("config: ")
+        raise InputError(message) from None
     c = model.config
     print(
         f"vidgen convert: wrote {out} ({c.num_layers} layers, {c.num_attention_heads} heads of "

@@ -149,7 +149,10 @@ def run(args: argparse.Namespace) -> int:
     from vidgen import evaluation
     from vidgen.cli.render import load_pipeline
 
-    prompts = evaluation.read_prompt_file(args.prompts) if args.prompts else []
+    try:
+        prompts = evaluation.read_prompt_file(args.prompts) if args.prompts else []
+    except ValueError as err:  # a line that is not a prompt or a storyboard, a file too big
+        raise InputError(f"--prompts: {err}") from None
     prompts += evaluation.held_out_prompts(args.held_out, args.seed)
     storyboards = [p for p in prompts if isinstance(p, list)]
     prompts = [p for p in prompts if isinstance(p, str)]

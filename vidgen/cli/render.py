@@ -23,6 +23,7 @@ from vidgen.validation import (
     InputError,
     check_number,
     check_seed,
+    is_blank,
     parse_json,
     read_storyboard,
     read_text_file,
@@ -197,15 +198,16 @@ def _what_to_render(args: argparse.Namespace) -> None:
         args.prompt = args.text
     elif not given:
         raise InputError("say what to render: a PROMPT, --prompt, --storyboard or --jobs")
-    if args.prompt is not None and not args.prompt.strip():
+    if args.prompt is not None and is_blank(args.prompt):
         raise InputError("the prompt is empty: say what the video shows")
 
 
-def read_start(args: argparse.Namespace):
-    """The frames of ``--image`` / ``--continue`` as (T, H, W, 3) uint8 (None without either)."""
-    from vidgen.video.reading import read_start as read_start_frames  # the module alone, no PyAV writers
+def probe_start(args: argparse.Namespace) -> tuple[int, int, int] | None:
+    """``(frames, height, width)`` of ``--image`` / ``--continue`` from the file's header and
+    packets, checked (None without either); the pipeline decodes it, resized frame by frame."""
+    from vidgen.video.reading import probe_start as probe  # the module alone, no PyAV writers
 
-    return read_start_frames(getattr(args, "image", None), getattr(args, "continue_from", None))
+    return probe(getattr(args, "image", None), getattr(args, "continue_from", None))
 
 
 def check_request(args: argparse.Namespace) -> GenerationRequest:
@@ -256,10 +258,16 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix.lower() != ".mp4":
         raise InputError(f"--out must end in .mp4, got {args.out}")
+    try:
+        from vidgen.video.atomic import check_name_length  # os only; the package's PyAV loads later
+
+        check_name_length(out)
+    except OSError as err:
+        raise InputError(f"--out: {err.strerror}") from None
     if out.is_dir():
         raise InputError(f"--out {args.out} is a folder: name the MP4 file to write")
     parts = out.with_name(out.name + ".parts")
-    start = read_start(args)
+    start = probe_start(args)
     if parts.exists() and not args.resume:
         raise InputError(
             f"an interrupted render exists at {parts}: pass --resume to continue it, or delete it"
@@ -290,23 +298,40 @@ def run(args: argparse.Namespace) -> int:
     pipe = load_pipeline(args)
     pipe.check_inputs(**request.stream_kwargs())  # check the request before anything is written
     print_fit_warnings(pipe.config, request)
+    size = (args.height or pipe.config.generation.height, args.width or pipe.config.generation.width)
+    upscale = Upscale(args.upscale, args.resample)
+    try:
+        upscale.check((size[1], size[0]))
+    except ValueError as err:
+        raise InputError(str(err)) from None
     if not resuming:
         try:
             parts.mkdir(parents=True, exist_ok=True)
             (parts / "request.json").write_text(json.dumps(render_record(request, **settings)))
         except OSError as err:
             raise InputError(f"cannot write next to {out}: {err.strerror}") from None
-    recording = SegmentedRecording(
-        parts, fps=pipe.config.generation.fps, upscale=Upscale(args.upscale, args.resample)
-    )
+    recording = SegmentedRecording(parts, fps=pipe.config.generation.fps, upscale=upscale)
     done = len(recording.completed_chunks())
+    state = parts / "state.safetensors"
+    if recording.dropped is not None:
+        first, why = recording.dropped
+        print(f"vidgen render: {why}: chunk {first} and later are made again", file=sys.stderr)
+    if (done or state.exists()) and not _state_fits(state, done):
+        # the video is a function of its seed: made from its start again, the chunks recorded
+        # are skipped, not re-encoded, and the rest are exactly the uninterrupted render's
+        print(
+            f"vidgen render: the saved state in {parts} is missing, damaged or ahead of the recorded "
+            f"chunks: making the video from its start again (the {done} chunks recorded are kept)",
+            file=sys.stderr,
+        )
+        for stale in [state, *parts.glob(state.name + ".*")]:
+            stale.unlink(missing_ok=True)
     fps = pipe.config.generation.fps
     new_frames = request.num_frames(fps) or 0
-    total_frames = new_frames + (len(start) if start is not None else 0)
-    size = (args.height or pipe.config.generation.height, args.width or pipe.config.generation.width)
-    if start is not None and start.shape[1:3] != size:  # a warning: printed even with --quiet
+    total_frames = new_frames + (start[0] if start is not None else 0)
+    if start is not None and start[1:] != size:  # a warning: printed even with --quiet
         print(
-            f"vidgen render: resizing the start frames from {start.shape[2]}x{start.shape[1]} to "
+            f"vidgen render: resizing the start frames from {start[2]}x{start[1]} to "
             f"{size[1]}x{size[0]} (stretched, Lanczos, as diffusers' VideoProcessor)",
             file=sys.stderr,
         )
@@ -314,9 +339,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"vidgen render: seed {seed}, {args.seconds:g} s at {fps} fps -> {out}", file=sys.stderr)
     progress = Progress(total_frames, fps, recording.num_frames(), quiet=args.quiet)
     try:
-        for chunk in pipe.stream(
-            **request.stream_kwargs(), state_path=parts / "state.safetensors", resume=done > 0
-        ):
+        for chunk in pipe.stream(**request.stream_kwargs(), state_path=state, resume=state.is_file()):
             if chunk.index >= done:  # a chunk recorded just before an interruption comes again
                 recording.append(chunk.index, chunk.frames)
                 progress.update(len(chunk.frames), chunk.metrics.real_time_factor)
@@ -327,6 +350,16 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"vidgen render: wrote {out} ({total_frames} frames)", file=sys.stderr)
     return 0
+
+
+def _state_fits(state: Path, done: int) -> bool:
+    """Whether the state at ``state`` is whole and saved after a chunk the recording holds (it is
+    saved after the chunk is recorded, so it is at most one chunk behind; a damaged segment re-made
+    leaves it ahead)."""
+    from vidgen.pipelines.state_file import saved_chunk
+
+    chunk = saved_chunk(state)
+    return chunk is not None and chunk < done
 
 
 def _resume_seed(args: argparse.Namespace, parts: Path, record: dict[str, Any]) -> int:

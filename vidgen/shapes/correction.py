@@ -8,7 +8,7 @@ size (for a size the prompt leaves open, the one the video shows), on the lawful
 one the video drew (:func:`heading`: on the way it moves, or, where it stalls, the way the prompt
 names after the bounces its path made). ``vidgen train distill --correction-weight`` trains a
 model on its own rollouts with these frames as the target, to return to the prompt from its own
-errors rather than carry them on (on the default model it cost 1-s windows: the model card's
+errors rather than carry them on (on the default model it cost 1-s windows: the training log's (docs/default-model-training-log.md)
 stop-39 pilot). Pure numpy.
 """
 

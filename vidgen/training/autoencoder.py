@@ -11,7 +11,7 @@ guesses), so generated objects jump at each group and stand still in between. Wi
 ``decoder_context`` the decoder reads the latent frame before each one, which says where the
 object came from. It learns to move the object from there from two kinds of input, decoded
 against the moving clip: the clip's latents with each group held still (``still_group_share``,
-what made the difference; see the model card), and a transformer's rollout estimates of the
+what made the difference; see docs/default-model-training-log.md, stop 30), and a transformer's rollout estimates of the
 clip's latents (``estimates_from``).
 """
 

@@ -293,6 +293,16 @@ class TransformerTrainConfig:
             rope_max_seq_len=256,
         )
     )
+    num_layers: int = 0
+    """Transformer blocks (0: ``model``'s, 8). With ``grow_from``, at least the source's."""
+    ffn_dim: int = 0
+    """Width of each block's feed-forward (0: ``model``'s, 576). With ``grow_from``, at least the
+    source's."""
+    grow_from: str = ""
+    """Start a new run (no ``latest/`` in ``run_dir`` yet) from a trained transformer grown to
+    ``num_layers`` blocks and ``ffn_dim`` wide feed-forwards, computing exactly what it computes
+    (:mod:`vidgen.training.grow`): a pipeline or transformer folder, or a training run (its EMA).
+    The new run counts its own steps and learning-rate schedule from 0; a resumed run ignores it."""
     device: str = "cpu"
     """Where the transformer, the autoencoder and the text encoder run: ``cpu`` or ``cuda``
     (``cuda:1`` ...). The clips are drawn on the CPU, and every random draw of the loss comes from a

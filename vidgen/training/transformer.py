@@ -37,6 +37,7 @@ from vidgen.shapes.prompts import parse_prompt
 from vidgen.training.checkpoint import load_transformer
 from vidgen.training.configs import TransformerTrainConfig
 from vidgen.training.data import clips_to_tensor
+from vidgen.training.grow import grow
 from vidgen.training.loop import TrainingRun
 
 # ----------------------------------------------------------------------------- samples
@@ -873,7 +874,21 @@ def train_transformer(config: TransformerTrainConfig) -> Path:
         architecture["text_modulation"] = True
     if config.text_velocity:
         architecture["text_velocity"] = True
-    model = CausalWanTransformer(**architecture).to(device)
+    if config.num_layers:
+        architecture["num_layers"] = config.num_layers
+    if config.ffn_dim:
+        architecture["ffn_dim"] = config.ffn_dim
+    model = CausalWanTransformer(**architecture)
+    if config.grow_from and not (Path(config.run_dir) / "latest" / "state.json").is_file():
+        grown = grow(load_transformer(config.grow_from), architecture["num_layers"], architecture["ffn_dim"])
+        missing = sorted(set(model.state_dict()) ^ set(grown.state_dict()))
+        if missing:
+            raise ValueError(
+                f"--grow-from {config.grow_from}: its architecture differs from the run's in more than "
+                f"depth and width (first differing tensor: {missing[0]}); pass the flags it was trained with"
+            )
+        model.load_state_dict(grown.state_dict())
+    model = model.to(device)
     optimizer = torch.optim.AdamW(
         _parameter_groups(model, config), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99)
     )

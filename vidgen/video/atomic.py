@@ -7,6 +7,7 @@ finished files (``*.mp4``, ``*.ts``) matches and which the resumable recording c
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import uuid
 from pathlib import Path
@@ -39,7 +40,39 @@ def check_output_path(path: str | os.PathLike) -> Path:
     if path.is_dir():
         raise IsADirectoryError(f"cannot write a video to {path}: it is a folder, give a file name")
     check_writable_folder(path.parent)
+    check_name_length(path)
     return path
+
+
+# what the longest name written next to an output adds to it: the temporary ".NAME.<12 hex>.partial"
+_LONGEST_SIBLING = len(".") + len(".0123456789ab") + len(TEMP_SUFFIX)
+
+
+def check_name_length(path: Path) -> None:
+    """``OSError`` (ENAMETOOLONG) now, not after the render, when ``path``'s name or a name written
+    beside it (its temporary file, ``NAME.parts/``) is longer than the folder's filesystem allows."""
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        limit = os.pathconf(folder if folder.exists() else ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    longest = len(os.fsencode(path.name)) + _LONGEST_SIBLING
+    if longest > limit:
+        raise OSError(
+            36,
+            f"the name {path.name[:40]}... is {len(os.fsencode(path.name))} bytes; with the files written "
+            f"beside it that is more than the {limit} this filesystem allows: use at most "
+            f"{limit - _LONGEST_SIBLING} bytes",
+        )
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, read in blocks (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def temp_sibling(path: Path) -> Path:

@@ -38,6 +38,10 @@ FrameRate = int | Fraction
 _AVCOL_SPC_BT709 = 1  # FFmpeg's AVColorSpace value; PyAV's Colorspace enum uses swscale's numbering.
 
 
+MAX_ENCODED_SIDE = 8192
+"""Largest encoded frame side (H.264's highest level, 6.2, ends at 8192 x 4320)."""
+
+
 @dataclass(frozen=True)
 class Upscale:
     """Frames enlarged ``factor`` times as they are encoded: the file (or stream) is bigger, the
@@ -56,6 +60,17 @@ class Upscale:
     def size(self, size: tuple[int, int]) -> tuple[int, int]:
         """The encoded (W, H) of frames of ``size`` (W, H)."""
         return size[0] * self.factor, size[1] * self.factor
+
+    def check(self, size: tuple[int, int]) -> None:
+        """``ValueError`` when frames of ``size`` (W, H) would be encoded larger than
+        :data:`MAX_ENCODED_SIDE` on a side."""
+        width, height = self.size(size)
+        if max(width, height) > MAX_ENCODED_SIDE:
+            raise ValueError(
+                f"--upscale {self.factor} makes {size[0]}x{size[1]} frames {width}x{height}, more than the "
+                f"{MAX_ENCODED_SIDE} pixels a side H.264 players decode: use a factor of at most "
+                f"{max(1, MAX_ENCODED_SIDE // max(size))}"
+            )
 
 
 def as_upscale(upscale: Upscale | int | None) -> Upscale:

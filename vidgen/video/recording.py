@@ -11,7 +11,14 @@ from pathlib import Path
 import av
 import numpy as np
 
-from vidgen.video.atomic import check_output_path, commit, is_temp_file, make_folder, temp_sibling
+from vidgen.video.atomic import (
+    check_output_path,
+    commit,
+    file_digest,
+    is_temp_file,
+    make_folder,
+    temp_sibling,
+)
 from vidgen.video.encoding import (
     DEFAULT_CRF,
     DEFAULT_PRESET,
@@ -59,6 +66,9 @@ class SegmentedRecording:
         self.fps = as_fps(fps)
         self._crf, self._preset = crf, preset
         self.upscale = as_upscale(upscale)
+        self.dropped: tuple[int, str] | None = None
+        """(first chunk, why) when opening found a segment damaged or missing: it and every later
+        chunk left the manifest, to be recorded again."""
         self._manifest = self._load_manifest()
         self._remove_unlisted()
 
@@ -98,12 +108,27 @@ class SegmentedRecording:
                     f"{self.folder} was recorded with {key}={manifest.get(key)!r} but this run uses {ours!r}: resume "
                     f"with the same {key} (segments must match to be joined without re-encoding)"
                 )
+        kept = []
         for chunk in manifest["chunks"]:
-            if not (self.folder / chunk["file"]).is_file():
-                raise FileNotFoundError(
-                    f"{self.folder}: the manifest lists {chunk['file']} but it is missing; delete the folder to start over"
-                )
+            problem = self._segment_problem(chunk)
+            if problem is not None:  # this chunk and every later one are made again
+                self.dropped = (chunk["chunk_index"], problem)
+                break
+            kept.append(chunk)
+        if len(kept) < len(manifest["chunks"]):
+            manifest = {**manifest, "chunks": kept}
+            self._write_manifest(manifest)
         return manifest
+
+    def _segment_problem(self, chunk: dict) -> str | None:
+        """Why a listed segment cannot be joined (missing, or not the bytes recorded: a torn write,
+        a flipped bit, a file swapped in from another render), or None."""
+        path = self.folder / chunk["file"]
+        if not path.is_file():
+            return f"{chunk['file']} is missing"
+        if "sha256" in chunk and file_digest(path) != chunk["sha256"]:
+            return f"{chunk['file']} is not the file recorded (its checksum differs)"
+        return None
 
     def _upscale_setting(self) -> str:
         return f"{self.upscale.factor}:{self.upscale.resample}"
@@ -168,6 +193,7 @@ class SegmentedRecording:
             "file": name,
             "num_frames": len(frames),
             "first_frame": self.num_frames(),
+            "sha256": file_digest(self.folder / name),
         }
         manifest = {
             **self._manifest,
