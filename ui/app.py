@@ -356,8 +356,10 @@ def serve(
     import gradio as gr
     from starlette.middleware import Middleware
 
+    from vidgen.ui import errors
     from vidgen.ui.http import BodySizeLimit
 
+    errors.install()  # a refused request is one line in the log, not a traceback
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):

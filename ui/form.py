@@ -248,7 +248,7 @@ def _start(path: Any, height: int, width: int, warnings: list[str]) -> dict[str,
     try:  # the header and packets only: an image too large to decode is refused before decoding
         found = probe_start(**{kind: path})
     except InputError as err:
-        message = str(err).split(": ", 1)[-1]
+        message = str(err).split(": ", 1)[-1].replace(path, Path(path).name)  # not the server's folders
         if "holds no frames" in message:
             raise FormError("the uploaded video holds no frames: upload another, or remove it") from None
         raise FormError(f"the uploaded file cannot be used: {message}") from None

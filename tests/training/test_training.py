@@ -121,6 +121,30 @@ def test_compact_checkpoint_resumes(autoencoder, tmp_path):
     assert state["step"] == 20 and (compact / "latest" / "optimizer.safetensors").exists()
 
 
+def test_a_compact_checkpoint_without_its_average_resumes_from_the_weights(autoencoder, tmp_path):
+    """``vidgen train compact --without-ema`` (a grown model's checkpoint within the repository's
+    budget): the resumed run's average starts from the stored weights, not from a fresh model."""
+    from safetensors.torch import load_file
+
+    from vidgen.models import CausalWanTransformer
+    from vidgen.training.checkpoint import EMA, export_compact_checkpoint, load_training_state
+    from vidgen.training.configs import TransformerTrainConfig as Config
+
+    _, final = autoencoder
+    config = dict(autoencoder=str(final), lr=2e-3, warmup=5, save_every=10, **TINY_DIT)
+    run = tmp_path / "run"
+    train_transformer(TransformerTrainConfig(run_dir=str(run), steps=10, **config))
+    compact = tmp_path / "compact"
+    export_compact_checkpoint(run, compact, with_ema=False)
+    assert sorted(p.name for p in (compact / "latest").glob("*.safetensors")) == ["model.safetensors"]
+    model = CausalWanTransformer(**Config(**config).model)
+    ema = EMA(model, 0.999)
+    load_training_state(compact, model=model, ema=ema, optimizer=None)
+    stored = load_file(str(compact / "latest" / "model.safetensors"))
+    for name, weight in ema.model.state_dict().items():
+        assert torch.equal(weight, stored[name].float()), name
+
+
 def _within_float16(stored, source):
     """float16 keeps ~3 decimal digits."""
     return torch.allclose(stored.float(), source.float(), rtol=1e-3, atol=1e-6)
@@ -1690,7 +1714,9 @@ def test_a_decoder_fine_tune_decodes_the_estimates_of_the_last_clips_of_a_batch(
         ae.train_autoencoder(dataclasses.replace(config, run_dir=str(tmp_path / "r2"), freeze_encoder=False))
     # still groups take the first clips, estimates the last: shares above 1 in all would overlap
     with pytest.raises(ValueError, match="at most 1"):
-        ae.train_autoencoder(dataclasses.replace(config, run_dir=str(tmp_path / "r3"), still_group_share=0.75))
+        ae.train_autoencoder(
+            dataclasses.replace(config, run_dir=str(tmp_path / "r3"), still_group_share=0.75)
+        )
     assert not (tmp_path / "r3").exists()
 
 

@@ -90,6 +90,55 @@ def test_bad_input_is_reported_and_the_server_keeps_serving(server):
     assert c.predict(prompt=PROMPT, seconds=1, api_name="/generate")[6].startswith("**Done**")
 
 
+def _png_header(path, width: int, height: int) -> None:
+    """A small PNG whose header claims ``width`` x ``height`` pixels (a decoder would allocate them)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+        + chunk(b"IEND", b"")
+    )
+
+
+def test_a_start_image_too_large_to_decode_ends_the_job_with_a_status(server, tmp_path):
+    """A 9500x9500 PNG under the upload limit used to be decoded whole; refused from its header,
+    the job ends with the form's one-line status, which the client receives."""
+    image = tmp_path / "huge.png"
+    _png_header(image, 9500, 9500)
+    started = time.monotonic()
+    status = client(server).predict(
+        prompt=PROMPT, seconds=1, start_file=gradio_client.handle_file(str(image)), api_name="/generate"
+    )[6]
+    assert status.startswith("**Check the form**") and "more than the 50,000,000" in status, status
+    assert time.monotonic() - started < 30
+
+
+def test_refused_requests_are_one_line_each_in_the_log(server):
+    """Values Gradio's fields refuse (out of range, not a choice, not a table) reach the client as
+    Gradio's error and the server log as one line each naming the endpoint: no tracebacks a client
+    could flood the log with."""
+    c = client(server)
+    before = server.output()
+    bad = [dict(steps=0), dict(height=100000), dict(attention_backend="../../etc"), dict(storyboard="zzz")]
+    for values in bad:
+        with pytest.raises(gradio_client.exceptions.AppError):
+            c.predict(prompt=PROMPT, **values, api_name="/generate")
+    wait_for(lambda: server.output().count("refused a request") - before.count("refused a request") >= 4,
+             what="four log lines")  # fmt: skip
+    new = server.output()[len(before) :]
+    assert "Traceback" not in new, new
+    lines = [line for line in new.splitlines() if "refused a request" in line]
+    assert len(lines) == 4 and all("/generate" in line or "generate" in line for line in lines), lines
+    assert any("less than minimum value 1" in line for line in lines)
+
+
 def test_full_queue_busy_then_change_prompt_and_stop(server):
     a, b, c, d = client(server), client(server), client(server), client(server)
     playing = a.submit(prompt=PROMPT, until_stopped=True, seed=1, api_name="/generate")

@@ -8,6 +8,7 @@ is refused (exit 2) and nothing in it runs.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vidgen.config import parse_lora_spec
+    from vidgen.config import MAX_LORA_SCALE, parse_lora_spec
     from vidgen.models.convert import convert_checkpoint, ignored_config_keys
 
     checkpoint, out = Path(args.checkpoint), Path(args.out_dir)
@@ -67,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     lora, scale = parse_lora_spec(args.lora) if args.lora else (None, 1.0)
+    if not (math.isfinite(scale) and abs(scale) <= MAX_LORA_SCALE):  # as model.loras is checked
+        raise InputError(
+            f"--lora: a LoRA's scale must be a finite number between -{MAX_LORA_SCALE:g} and "
+            f"{MAX_LORA_SCALE:g}, got {scale!r}"
+        )
     try:
         model = convert_checkpoint(
             checkpoint, out, key=args.key, lora=lora, lora_scale=scale, dtype=args.dtype, config=config

@@ -297,13 +297,13 @@ def run(args: argparse.Namespace) -> int:
 
     pipe = load_pipeline(args)
     pipe.check_inputs(**request.stream_kwargs())  # check the request before anything is written
-    print_fit_warnings(pipe.config, request)
     size = (args.height or pipe.config.generation.height, args.width or pipe.config.generation.width)
     upscale = Upscale(args.upscale, args.resample)
     try:
         upscale.check((size[1], size[0]))
     except ValueError as err:
         raise InputError(str(err)) from None
+    print_fit_warnings(pipe.config, request)
     if not resuming:
         try:
             parts.mkdir(parents=True, exist_ok=True)

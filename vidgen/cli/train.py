@@ -102,6 +102,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     cp = parts.add_parser("compact", help="a small copy of a run's latest state, to keep in the repository")
     cp.add_argument("--run-dir", required=True)
     cp.add_argument("--out", required=True)
+    cp.add_argument(
+        "--without-ema", action="store_true", help="the weights alone, not their average (half the size)"
+    )
     cp.set_defaults(run=_run_compact)
 
     cu = parts.add_parser("curve", help="add a `vidgen eval` report to the training curve and draw it")
@@ -190,7 +193,7 @@ def _run_distill(args: argparse.Namespace) -> int:
 def _run_compact(args: argparse.Namespace) -> int:
     from vidgen.training.checkpoint import export_compact_checkpoint
 
-    print(f"wrote {export_compact_checkpoint(args.run_dir, args.out)}")
+    print(f"wrote {export_compact_checkpoint(args.run_dir, args.out, with_ema=not args.without_ema)}")
     return 0
 
 

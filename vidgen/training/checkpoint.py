@@ -121,6 +121,8 @@ def load_training_state(
     added = _load_weights(model, latest / "model.safetensors")
     if ema is not None and (latest / "ema.safetensors").is_file():
         _load_weights(ema.model, latest / "ema.safetensors")
+    elif ema is not None:  # a compact checkpoint of the weights alone: the average starts from them
+        ema.model.load_state_dict(model.state_dict())
     if added:
         # Adam's saved moments are numbered by parameter and the new ones shift the numbers
         print(
@@ -185,15 +187,20 @@ def load_transformer(path: str | os.PathLike) -> CausalWanTransformer:
     return CausalWanTransformer.from_pretrained(path).float()
 
 
-def export_compact_checkpoint(run_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+def export_compact_checkpoint(
+    run_dir: str | os.PathLike, out_dir: str | os.PathLike, *, with_ema: bool = True
+) -> Path:
     """Copy ``run_dir/latest`` without the optimizer and with the weights and the EMA in float16:
     small enough to keep in the repository between training stretches (``vidgen train ...
     --run-dir OUT_DIR`` continues from it, in float32; Adam's moments restart with a short
-    warm-up). float16 keeps 11 bits of each weight, far below what one optimiser step changes."""
+    warm-up). float16 keeps 11 bits of each weight, far below what one optimiser step changes.
+    ``with_ema=False`` keeps the weights alone (half the size; a run resumed from it starts its
+    average from them): for a model too large to keep both within the repository's budget."""
     latest = Path(run_dir) / "latest"
     target = Path(out_dir) / "latest"
     target.mkdir(parents=True, exist_ok=True)
-    for name in ("model.safetensors", "ema.safetensors"):
+    (target / "ema.safetensors").unlink(missing_ok=True)  # an earlier copy's, when written without
+    for name in ("model.safetensors", "ema.safetensors") if with_ema else ("model.safetensors",):
         tensors = load_file(str(latest / name))
         save_file(
             {k: v.half() if v.is_floating_point() else v for k, v in tensors.items()}, str(target / name)

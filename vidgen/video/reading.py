@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from fractions import Fraction
 from pathlib import Path
 
@@ -141,8 +142,10 @@ def image_size(path: str | os.PathLike) -> tuple[int, int]:
     if not Path(path).is_file():
         raise FileNotFoundError(f"no such image file: {path}")
     try:
-        with Image.open(path) as image:
-            width, height = image.size
+        with warnings.catch_warnings():  # the size is bounded here, below PIL's own warning
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                width, height = image.size
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as error:
         raise ValueError(f"not an image file: {path} ({error})") from None
     check_frame_size(width, height, str(path))
