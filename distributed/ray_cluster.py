@@ -70,10 +70,30 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, quiet: b
         return "existing"
     options: dict[str, Any] = {"log_to_driver": not quiet, "logging_level": "WARNING"}
     if address:
+        check_reachable(address)
         ray.init(address=address, **options)
         return address
     ray.init(_node_ip_address=LOOPBACK, include_dashboard=False, num_cpus=num_cpus, **options)
     return "local"
+
+
+def check_reachable(address: str, timeout: float = 3.0) -> None:
+    """:class:`InputError` within ``timeout`` seconds when nothing accepts a connection at a
+    ``HOST:PORT`` (or ``ray://HOST:PORT``) address; Ray itself retries for minutes before it says
+    so. ``auto`` and addresses without a port are left to Ray."""
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as err:
+        raise InputError(
+            f"--address {address}: nothing answers there ({err.strerror or 'timed out'}): start the Ray "
+            "head node there (ray start --head) or leave --address out for a local cluster"
+        ) from None
 
 
 def loopback_only() -> None:

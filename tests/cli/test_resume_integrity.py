@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 from tests.tiny import save_tiny_pipeline
+from vidgen.cli import main
 from vidgen.video import read_video
 
 PROMPT = "a red circle moving left on a black background"
-SECONDS = 8  # 16 chunks of the tiny model
+SECONDS = 5  # 10 chunks of the tiny model
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +69,9 @@ def renders(model, tmp_path_factory):
     """(the uninterrupted video's frames, an interrupted render's folder, another seed's folder)."""
     root = tmp_path_factory.mktemp("renders")
     _render(*_args(model), "--out", root / "whole.mp4")
-    parts = _kill_after(_args(model), root / "cut.mp4", 6)
-    other = _kill_after(_args(model, seed=8), root / "other.mp4", 6)
-    assert 6 <= _chunks(parts) < 16 and (parts / "state.safetensors").is_file()
+    parts = _kill_after(_args(model), root / "cut.mp4", 4)
+    other = _kill_after(_args(model, seed=8), root / "other.mp4", 4)
+    assert 4 <= _chunks(parts) < 10 and (parts / "state.safetensors").is_file()
     return read_video(root / "whole.mp4")[0], parts, other
 
 
@@ -100,16 +101,17 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("case", list(DAMAGE))
-def test_a_damaged_folder_resumes_to_the_uninterrupted_video(model, renders, tmp_path, case):
+def test_a_damaged_folder_resumes_to_the_uninterrupted_video(model, renders, tmp_path, capsys, case):
     whole, parts, other = renders
     out = tmp_path / "cut.mp4"
     copy = tmp_path / "cut.mp4.parts"
     shutil.copytree(parts, copy)
     DAMAGE[case](copy, other)
-    result = _render(*_args(model), "--out", out, "--resume", check=False)
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr
-    assert "made again" in result.stderr or "from its start again" in result.stderr, result.stderr
+    # in this process (no interpreter to start), with its own thread count: the frames do not follow it
+    code = main(["render", "--quiet", *map(str, _args(model)), "--out", str(out), "--resume"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "made again" in err or "from its start again" in err, err
     frames, _ = read_video(out)
     assert frames.shape == whole.shape and np.array_equal(frames, whole)
 
@@ -127,7 +129,7 @@ def test_killed_at_random_moments_many_times_resumes_exactly(model, renders, tmp
             [sys.executable, "-m", "vidgen", "render", "--quiet", *map(str, args), "--out", str(out)],
             env=_env(),
         )
-        time.sleep(draw.uniform(3.0, 7.0))  # the interpreter and the model take ~3 s to start
+        time.sleep(draw.uniform(2.5, 5.0))  # the interpreter and the model take ~3 s to start
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     _render(*_args(model), "--out", out, *(["--resume"] if parts.exists() else []))

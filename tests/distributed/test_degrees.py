@@ -76,3 +76,27 @@ def test_training_through_the_collectives_is_refused():
     group = SequenceParallelGroup(group=None, rank=0, size=2, kind="ring")
     with pytest.raises(NotImplementedError, match="inference only"):
         model(torch.randn(1, 4, 2, 4, 4), torch.tensor([5.0]), torch.randn(1, 7, 16), sequence_parallel=group)
+
+
+def test_an_address_where_nothing_listens_is_refused_within_seconds():
+    """``--address`` with nothing listening: one line within seconds, not Ray's minutes of retries
+    (checked before Ray is started, so no cluster is touched)."""
+    import socket
+    import time
+
+    from vidgen.distributed.ray_cluster import check_reachable
+    from vidgen.validation import InputError
+
+    with socket.socket() as probe:  # a loopback port that was free a moment ago: nothing listens
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(InputError, match=f"--address {address}: nothing answers there"):
+            check_reachable(address)
+    assert time.monotonic() - started < 10
+    with socket.socket() as server:  # something listening passes
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        check_reachable(f"127.0.0.1:{server.getsockname()[1]}")
+    check_reachable("auto")  # left to Ray

@@ -516,20 +516,3 @@ def test_moving_frame_rotation_equals_the_rotation_at_moved_positions():
                 dim=-1,
             ).flatten(-2)
             torch.testing.assert_close(got[b, :, head], expected, rtol=1e-5, atol=1e-5)
-
-
-def test_text_velocity_refuses_sequence_parallelism():
-    _, model = _pair()
-    moving = _with_text_velocity(model, 0.7)
-
-    class NoShards:  # never reached: the model refuses first
-        def cache_frame_tokens(self, frame_tokens):
-            return frame_tokens
-
-    with pytest.raises(ValueError, match="text_velocity"):
-        moving(
-            torch.randn(1, 4, 2, 4, 4),
-            torch.tensor([5.0]),
-            torch.randn(1, 3, TINY["text_dim"]),
-            sequence_parallel=NoShards(),
-        )

@@ -40,6 +40,7 @@ from tests.tiny import FP32, tiny_components
 from vidgen.config import load_config
 from vidgen.pipelines.run import _chunk_generator
 from vidgen.pipelines.scheduler import FlowSchedule
+from vidgen.pipelines.state_file import tensors_digest
 
 SEED = 7
 # benchmarks/gpu/run.sh runs this file on a lent GPU too: VIDGEN_PARITY_DEVICE=cuda with bf16 autocast
@@ -414,7 +415,7 @@ def test_reference_semantics_resume_continues_the_same_video(tmp_path, snapshot_
     with safe_open(state, framework="pt") as f:
         metadata = f.metadata()
     tensors["extra.replay.20"] = tensors["extra.replay.20"] + 0.1  # chunk 6: latent frames 18-20
-    save_file(tensors, state, metadata=metadata)
+    save_file(tensors, state, metadata={**metadata, "sha256": tensors_digest(tensors)})  # not "damaged"
     changed = next(pipe.stream(**request, state_path=state, resume=True)).latents
     assert not torch.equal(changed, full[7])
 
