@@ -22,39 +22,22 @@ from pathlib import Path
 from typing import Any
 
 from vidgen.request import GenerationRequest
-from vidgen.validation import InputError
 
 WORK_DIR = "ray"
 """Sub-folder of a render's ``.parts`` folder holding the workers' state snapshots."""
 
 
-class SequenceParallelUnavailable(InputError):
-    """``--sp > 1`` asked for but ``vidgen.distributed.sequence_parallel`` is not installed yet."""
-
-
 def sequence_parallel_stream():
-    """``sequence_parallel_stream(pipe, group, **stream_kwargs)`` from the SP module."""
-    try:
-        from vidgen.distributed.parallel_stream import sequence_parallel_stream as stream
-    except ImportError:
-        stream = getattr(sequence_parallel_module(), "sequence_parallel_stream", None)
-    if stream is None:
-        raise SequenceParallelUnavailable(
-            "sequence parallelism (--sp > 1) is not available yet in this build "
-            "(no sequence_parallel_stream in vidgen.distributed); run with --sp 1"
-        )
+    """``sequence_parallel_stream(pipe, group, **stream_kwargs)``, imported when a worker needs it."""
+    from vidgen.distributed.parallel_stream import sequence_parallel_stream as stream
+
     return stream
 
 
 def sequence_parallel_module():
-    """The sequence-parallel module, or a clear error if this build has none."""
-    try:
-        from vidgen.distributed import sequence_parallel
-    except ImportError as err:
-        raise SequenceParallelUnavailable(
-            "sequence parallelism (--sp > 1) is not available yet in this build "
-            f"(vidgen.distributed.sequence_parallel: {err}); run with --sp 1"
-        ) from None
+    """``vidgen.distributed.sequence_parallel``, imported when a worker needs it."""
+    from vidgen.distributed import sequence_parallel
+
     return sequence_parallel
 
 

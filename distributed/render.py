@@ -41,7 +41,6 @@ from vidgen.distributed.ray_worker import (
     PipelineSpec,
     link_atomically,
     saved_chunk_index,
-    sequence_parallel_module,
     snapshots,
 )
 from vidgen.distributed.replica import Replica, WorkerLost
@@ -148,11 +147,8 @@ def record_video(
 
 
 def check_layout(sp: int, replicas: int) -> RayParallelism:
-    """Degrees checked before Ray starts: positive, and sp > 1 only with the SP module present."""
-    layout = RayParallelism(sp=sp, replicas=replicas)
-    if layout.sp > 1:
-        sequence_parallel_module()
-    return layout
+    """Degrees checked before Ray starts: positive whole numbers."""
+    return RayParallelism(sp=sp, replicas=replicas)
 
 
 def unwrapped(err: InputError) -> InputError:

@@ -351,7 +351,6 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             transition_chunks=g.transition_chunks,
             recache_on_prompt_change=d.recache_on_prompt_change,
             recache_every=d.recache_every,
-            text_conditioning=self.config.model.text_conditioning,
             mode=g.mode,
             ar_step=g.ar_step,
             prefix_latents=prefix_latents,

@@ -81,7 +81,6 @@ class ChunkPlanner:
     transition_chunks: int = 0
     recache_on_prompt_change: bool = True
     recache_every: int = 0
-    text_conditioning: str = "single"
     mode: GenerationMode = GenerationMode.CHUNKWISE
     ar_step: int = 1
     prefix_latents: int = 0

@@ -47,6 +47,7 @@ LAYERS = [
 CORE = {
     "vidgen",
     "vidgen.validation",
+    "vidgen.plotting",  # matplotlib, imported when a tool draws
     "vidgen.config",
     "vidgen.request",
     "vidgen.configs",

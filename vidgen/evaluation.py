@@ -241,10 +241,9 @@ def summarize(results: Sequence[VideoResult]) -> dict[str, object]:
 
 def plot_long_video(report: VideoReport, result: VideoResult, path: Path) -> None:
     """Pass/fail per second and the drift measures over time, one PNG per long video."""
-    import matplotlib
+    from vidgen.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fps = report.fps
     passed = np.array([f.passed for f in report.frames], dtype=float)

@@ -210,10 +210,9 @@ def format_table(result: dict) -> str:
 
 def save_plot(result: dict, path: Path) -> None:
     """Milliseconds per 1k tokens against sequence length, one line per variant."""
-    import matplotlib
+    from vidgen.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for variant in dict.fromkeys(r["variant"] for r in result["rows"]):

@@ -388,10 +388,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def save_plot(projected: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    from vidgen.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for link in projected["links_gb_s"]:

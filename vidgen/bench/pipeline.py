@@ -431,10 +431,9 @@ def _rolling_median(values: list[float], half: int = 10) -> list[float]:
 
 def save_plot(result: dict, path: Path) -> None:
     """Per-chunk time and process memory over the video (and the SkyReels-V2 comparison, if run)."""
-    import matplotlib
+    from vidgen.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = result["chunks"]
     comparison = result.get("skyreels")

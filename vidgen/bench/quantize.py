@@ -141,10 +141,9 @@ def format_table(result: dict) -> str:
 
 def save_plot(result: dict, path: Path) -> None:
     """Weight memory and output error per variant, side by side."""
-    import matplotlib
+    from vidgen.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = result["wan_geometry"]["variants"]
     names = list(rows)

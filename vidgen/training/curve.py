@@ -49,10 +49,9 @@ def add_point(curve_file: str | Path, point: dict) -> list[dict]:
 
 
 def plot_curve(points: list[dict], png: str | Path) -> None:
-    import matplotlib
+    from vidgen.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     hours = [p["hours"] for p in points]

@@ -1,0 +1,1 @@
+../../vidgen/plotting.py
