@@ -32,14 +32,16 @@ from torch import nn
 
 
 class Conv2d(nn.Conv2d):
-    """``nn.Conv2d`` whose inference on a CPU gives the same bits whatever the thread count.
+    """``nn.Conv2d`` whose inference on a CPU gives the same bits for 1, 2, 4, 8 or 16 threads.
 
-    oneDNN, PyTorch's default CPU convolution, splits its sums by thread: the same video decoded
-    with 1 and 2 threads differed by ~1e-6, and after rounding to uint8 in 48 pixels of frame 52
-    (measured). Without a gradient, on a CPU, this runs PyTorch's own convolution (im2col and one
-    matrix product per image), whose sums do not depend on the threads; the weights, the training
-    (gradients) and other devices are ``nn.Conv2d``'s. Its cost: 1.5x oneDNN's time for this
-    model's convolutions on one thread, a few per cent of a chunk."""
+    oneDNN, PyTorch's default CPU convolution, splits the sums of a 1x1 convolution by thread: the
+    same video decoded with 1 and 2 threads differed by ~1e-6, and after rounding to uint8 in 48
+    pixels of frame 52 (measured); its 3x3 convolutions here do not. Without a gradient, on a CPU,
+    a 1x1 convolution runs PyTorch's own kernel (one matrix product per image), as fast here and
+    whose sums do not follow those thread counts (3 or 6 threads still round otherwise: the
+    automatic count is a power of two, ``pipelines.loading.auto_threads``). The weights, training
+    (gradients), bfloat16 autocast and other devices are ``nn.Conv2d``'s. The embedded model's
+    real-time factor on one thread: 1.26-1.46 against oneDNN's 1.38-1.42 (30-s videos, measured)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (
@@ -51,6 +53,7 @@ class Conv2d(nn.Conv2d):
             or self.padding_mode != "zeros"
             or self.dilation != (1, 1)
             or isinstance(self.padding, str)
+            or self.kernel_size != (1, 1)
         ):
             return super().forward(x)
         return torch.ops.aten.thnn_conv2d(

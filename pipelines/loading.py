@@ -215,11 +215,15 @@ def auto_threads(default: int, cpus: int, load: float, env: str | None) -> int |
     differs from torch's ``default``), is the user's choice and kept. Otherwise the CPUs this
     process may run on, less those other processes keep busy (the 1-minute load average), at
     least one: on a 2-core machine with another job running, two threads fight that job for the
-    busy core and a render took 2.4x as long as with one (23 s against 9.7 s).
+    busy core and a render took 2.4x as long as with one (23 s against 9.7 s). Rounded down to a
+    power of two: the CPU kernels split their sums alike for 1, 2, 4, 8 and 16 threads (the
+    default model decodes the same bits with each, measured) but otherwise for 3 or 6, so a seed's
+    video does not depend on the load a render or its resume started under.
     """
     if env or torch.get_num_threads() != default:
         return None
-    return max(1, min(default, cpus - round(load)))
+    count = max(1, min(default, cpus - round(load)))
+    return 1 << (count.bit_length() - 1)
 
 
 def apply_threads(threads: int) -> None:
