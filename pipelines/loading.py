@@ -110,6 +110,8 @@ def load_transformer(folder: Path, config: VidgenConfig):
     if source.is_file() and source.suffix in (".pt", ".pth", ".ckpt"):  # a published training checkpoint
         dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(config.runtime.dtype, "fp32")
         source = hub.converted_checkpoint(source, config.model.transformer_key, dtype, geometry)
+    if Path(source).is_dir() and (Path(source) / "config.json").is_file():
+        check_folder_geometry(Path(source))  # a diffusers folder's own config: checked before it is built
     try:
         model = CausalWanTransformer.from_pretrained(
             source, torch_dtype=_dtype(config.runtime.dtype), config_overrides=geometry
@@ -118,6 +120,41 @@ def load_transformer(folder: Path, config: VidgenConfig):
         raise ModelLoadError(f"cannot load the transformer from {source}: {err}") from err
     check_finite(model.state_dict(), f"the transformer at {source}")
     return model.eval().requires_grad_(False)
+
+
+def check_folder_geometry(folder: Path) -> None:
+    """A transformer folder whose ``config.json`` asks for another geometry than its weights have
+    (a million blocks, other heads) is refused in one line before anything is allocated: the
+    weights' shapes are read from the safetensors headers. A folder this cannot read is left to
+    the loader, which says what is wrong."""
+    import inspect
+
+    from safetensors import safe_open
+
+    from vidgen.models import CausalWanTransformer, wan_checkpoint
+
+    files = sorted(folder.glob("*.safetensors"))
+    try:
+        config = json.loads((folder / "config.json").read_text())
+        shapes = {}
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    shapes[name] = torch.empty(f.get_slice(name).get_shape(), device="meta")
+    except (OSError, ValueError, RuntimeError):
+        return
+    needed = ("patch_embedding.weight", "proj_out.weight", "condition_embedder.text_embedder.linear_1.weight")
+    if not isinstance(config, dict) or not all(name in shapes for name in needed):
+        return
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(CausalWanTransformer.__init__).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+    try:
+        wan_checkpoint.check_geometry({**defaults, **config}, shapes, f"{folder / 'config.json'}")
+    except ValueError as err:
+        raise ModelLoadError(f"cannot load the transformer from {folder}: {err}") from None
 
 
 def check_attention_backend(config: VidgenConfig) -> None:
@@ -169,6 +206,7 @@ def load_vae(folder: Path, config: VidgenConfig):
             vae = AutoencoderKLLite.from_pretrained(source, use_safetensors=True, local_files_only=True)
     except (OSError, ValueError, RuntimeError, NotImplementedError) as err:
         raise ModelLoadError(f"cannot load the autoencoder from {source}: {err}") from err
+    check_finite(vae.state_dict(), f"the autoencoder at {source}")
     return vae.eval().requires_grad_(False)
 
 

@@ -44,7 +44,7 @@ from vidgen.pipelines.run import decode_to_frames as decode_to_frames
 from vidgen.pipelines.state_file import check_overwritable, check_state_path
 from vidgen.pipelines.vae_stream import encode_video, spatial_factor, temporal_factor
 from vidgen.request import prompt_changes
-from vidgen.validation import InputError, check_guidance, check_number, check_seed, check_text
+from vidgen.validation import InputError, check_guidance, check_number, check_seed, check_text, is_blank
 
 Storyboard = list[tuple[float, str]]
 
@@ -90,6 +90,10 @@ class StreamControl:
         self.stopped = False
 
     def change_prompt(self, prompt: str) -> None:
+        """The prompt from the next chunk on: text that shows something (checked here, at the
+        call, not when the stream reaches it)."""
+        if is_blank(check_text("change_prompt's prompt", prompt)):
+            raise InputError("change_prompt's prompt is empty: say what the video shows from here on")
         self._prompt = prompt
 
     def stop(self) -> None:
@@ -512,6 +516,8 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             "negative_prompt", g.negative_prompt if negative_prompt is None else negative_prompt
         )
         seed = seed_of(generator)
+        if control is not None and not isinstance(control, StreamControl):
+            raise InputError(f"control= must be a StreamControl, got {type(control).__name__}")
         if state_path is not None:  # neither read nor overwritten unless it is a vidgen state
             if not Path(state_path).parent.is_dir():
                 raise InputError(f"state_path {state_path}: its folder does not exist")

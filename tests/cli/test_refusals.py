@@ -51,6 +51,21 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (root / "heads.json").write_text(json.dumps({**geometry, "num_attention_heads": 3}))
     torch.manual_seed(0)
     torch.save({"generator": CausalWanTransformer(**geometry).state_dict()}, root / "ckpt.pt")
+    # a transformer folder whose config asks for 100,000 blocks; a pipeline whose autoencoder holds NaN
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(made["model"] / "transformer", root / "huge_transformer")
+    config = json.loads((root / "huge_transformer" / "config.json").read_text())
+    (root / "huge_transformer" / "config.json").write_text(json.dumps({**config, "num_layers": 100_000}))
+    shutil.copytree(made["model"], root / "nan_vae")
+    (weights,) = (root / "nan_vae" / "vae").glob("*.safetensors")
+    tensors = load_file(str(weights))
+    first = sorted(k for k, v in tensors.items() if v.is_floating_point())[0]
+    tensors[first] = tensors[first].clone().fill_(float("nan"))
+    save_file(tensors, str(weights))
+    made.update(huge_transformer=root / "huge_transformer", nan_vae=root / "nan_vae")
     (root / "report.json").write_text(json.dumps({"per_video": {"std": [1]}}))
     (root / "a_file").write_text("not a folder")
     for name in ("deep.json", "deep.toml", "list.json", "huge.json", "negative.json", "heads.json"):
@@ -86,6 +101,11 @@ CASES = [
     ("render {prompt} --model {model} --fps 100000", "between 1 frame and"),
     ("render {prompt} --model {model} --steps 100000", "at most 1000"),
     ("render {prompt} --model {model} --lora {ckpt}:nan", "finite"),
+    (
+        "render {prompt} --model {model} --transformer {huge_transformer}",
+        "num_layers is 100000 but the weights have 2",
+    ),
+    ("render {prompt} --model {nan_vae}", "the autoencoder at"),
     ("eval --prompts /dev/zero --out-dir {out}", "is a device, not a file"),
     ("eval --prompts {deep_json} --out-dir {out}", "deep.json:1: empty prompt"),
     ("eval --compare {deep_json} {deep_json}", "nested deeper than 16 levels"),

@@ -460,3 +460,16 @@ def test_a_state_path_is_only_a_vidgen_state(pipe, tmp_path):
     with pytest.raises(InputError, match="damaged"):
         next(pipe.stream(PROMPT, seconds=2, generator=0, state_path=state, resume=True))
     assert first
+
+
+def test_steering_arguments_of_the_wrong_kind_are_input_errors(pipe):
+    """A user error through the API is an InputError naming the argument: ``change_prompt(123)``
+    used to raise AttributeError when the stream reached it, a ``control=`` of another type inside
+    the pipeline."""
+    control = StreamControl()
+    for bad in (123, None, "\u200b "):
+        with pytest.raises(InputError, match="change_prompt's prompt"):
+            control.change_prompt(bad)
+    assert control.take_prompt() is None  # nothing was queued
+    with pytest.raises(InputError, match="control= must be a StreamControl, got str"):
+        next(pipe.stream(PROMPT, seconds=1, generator=0, control="stop"))
