@@ -129,7 +129,7 @@ def check_folder_geometry(folder: Path) -> None:
     the loader, which says what is wrong."""
     import inspect
 
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     from vidgen.models import CausalWanTransformer, wan_checkpoint
 
@@ -141,8 +141,8 @@ def check_folder_geometry(folder: Path) -> None:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                     shapes[name] = torch.empty(f.get_slice(name).get_shape(), device="meta")
-    except (OSError, ValueError, RuntimeError):
-        return
+    except (OSError, ValueError, RuntimeError, SafetensorError):
+        return  # a file that is not whole: the loader names it
     needed = ("patch_embedding.weight", "proj_out.weight", "condition_embedder.text_embedder.linear_1.weight")
     if not isinstance(config, dict) or not all(name in shapes for name in needed):
         return

@@ -516,7 +516,9 @@ class LongVideoPipeline(LongVideoLoraLoaderMixin):
             "negative_prompt", g.negative_prompt if negative_prompt is None else negative_prompt
         )
         seed = seed_of(generator)
-        if control is not None and not isinstance(control, StreamControl):
+        if control is not None and not (
+            hasattr(control, "stopped") and callable(getattr(control, "take_prompt", None))
+        ):  # a StreamControl, or one that stands in for it (sequence parallelism's broadcast)
             raise InputError(f"control= must be a StreamControl, got {type(control).__name__}")
         if state_path is not None:  # neither read nor overwritten unless it is a vidgen state
             if not Path(state_path).parent.is_dir():
