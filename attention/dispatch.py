@@ -61,6 +61,11 @@ def _chosen_by_context() -> str | None:
     return _CHOSEN.get()
 
 
+def chosen_backend() -> str | None:
+    """The backend ``attention_backend(...)`` chose in this context (None: automatic)."""
+    return _CHOSEN.get()
+
+
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     tensors = {"q": q, "k": k, "v": v}
 

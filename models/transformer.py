@@ -260,7 +260,9 @@ class SelfAttentionContext:
     cache_rope: torch.Tensor | None = None  # rotation of cached keys
     write_frame: int | None = None  # first latent frame to write into the cache, None: read only
     frame_tokens: int = 0  # tokens per latent frame in the blocks' input (per-frame modulation)
-    parallel: SequenceParallel | None = None  # None: the blocks see every token
+    # the blocks' self-attention in place of attend: sequence parallelism's, or forward_many's (each
+    # call's own); None: attend, over every token
+    parallel: AttentionHook | None = None
     # what the cached keys' rotation depends on besides the held frames (KVCache.workspace);
     # None: rotate and concatenate the cache view in every layer
     cache_stamp: tuple | None = None
@@ -276,7 +278,20 @@ class SelfAttentionContext:
     qk_transform: Any = None
 
 
-class SequenceParallel(Protocol):
+class AttentionHook(Protocol):
+    """What the blocks call for self-attention in place of :func:`attend` (``SelfAttentionContext.parallel``)."""
+
+    def attention(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        ctx: SelfAttentionContext,
+        layer: int,
+    ) -> torch.Tensor: ...
+
+
+class SequenceParallel(AttentionHook, Protocol):
     """Hooks that run the blocks on one process's shard of the tokens (sequence parallelism).
 
     The model calls them at three places: after patch embedding (:meth:`shard`), for every
@@ -418,6 +433,48 @@ def run_blocks(
     for layer, block in enumerate(blocks):
         x = block(x, modulation, text, ctx, layer)
     return x
+
+
+@dataclass
+class _Call:
+    """One forward call between its preparation and its finish (:meth:`CausalWanTransformer._prepare`)."""
+
+    x: torch.Tensor  # (B, S, D) patch embeddings
+    temb: torch.Tensor
+    modulation: torch.Tensor
+    text: TextContext
+    ctx: SelfAttentionContext
+    kv_cache: KVCache | None
+    update_cache: bool
+    frame_offset: int
+    batch: int
+    frames: int
+    grid_h: int
+    grid_w: int
+    frame_tokens: int
+    sequence_parallel: SequenceParallel | None
+
+
+class _EachCall:
+    """The self-attention of several calls run as one batch (:meth:`CausalWanTransformer.forward_many`):
+    the projections, cross-attention and feed-forward see every call's tokens at once, the
+    attention is each call's own (its cache, positions, pattern), run in turn on its rows. Plugged
+    in where sequence parallelism plugs its attention (``SelfAttentionContext.parallel``)."""
+
+    def __init__(self, contexts: list[SelfAttentionContext], sizes: list[int]) -> None:
+        self.contexts = contexts
+        self.sizes = sizes
+
+    def attention(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        ctx: SelfAttentionContext,
+        layer: int,
+    ) -> torch.Tensor:
+        parts = zip(query.split(self.sizes), key.split(self.sizes), value.split(self.sizes), self.contexts)
+        return torch.cat([attend(q, k, v, own, layer) for q, k, v, own in parts])
 
 
 # ----------------------------------------------------------------------------- the model
@@ -702,6 +759,77 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
                 the group makes the same call and gets the whole output. ``kv_cache`` is then this
                 process's shard of the cache (made by the sequence-parallel group).
         """
+        call = self._prepare(
+            hidden_states,
+            timestep,
+            encoder_hidden_states,
+            text_context=text_context,
+            attention_pattern=attention_pattern,
+            kv_cache=kv_cache,
+            frame_offset=frame_offset,
+            update_cache=update_cache,
+            rope_mode=rope_mode,
+            position_shift=position_shift,
+            sequence_parallel=sequence_parallel,
+        )
+        # 4. blocks
+        x = call.x
+        if torch.is_grad_enabled() and self.gradient_checkpointing:
+            for layer, block in enumerate(self.blocks):
+                x = self._gradient_checkpointing_func(block, x, call.modulation, call.text, call.ctx, layer)
+        else:
+            x = (self._compiled_blocks or run_blocks)(self.blocks, x, call.modulation, call.text, call.ctx)
+        out = self._finish(call, x)
+        if not return_dict:
+            return (out,)
+        return Transformer2DModelOutput(sample=out)
+
+    def forward_many(self, calls: list[dict[str, Any]]) -> list[torch.Tensor]:
+        """Several :meth:`forward` calls (their keyword arguments; ``hidden_states`` and
+        ``timestep`` among them) as one: the tokens of every call go through the blocks together,
+        each call attending to its own cache with its own positions and pattern, and writing its own
+        cache. Returns each call's output, as :meth:`forward` returns it.
+
+        The calls must agree on what is batched: the shape of ``hidden_states`` but its batch size,
+        whether the timestep is per frame, and the text context's length (see :func:`batch_key`).
+        Sequence parallelism and a gradient-checkpointed training step are not batched here.
+        """
+        if len(calls) == 1:
+            return [self.forward(**calls[0], return_dict=False)[0]]
+        prepared = [self._prepare(**call) for call in calls]
+        if any(c.sequence_parallel is not None for c in prepared):
+            raise ValueError("forward_many does not batch sequence-parallel calls")
+        sizes = [c.batch for c in prepared]
+        first = prepared[0]
+        ctx = SelfAttentionContext(
+            rope=first.ctx.rope,
+            pattern=None,
+            frame_tokens=first.ctx.frame_tokens,
+            parallel=_EachCall([c.ctx for c in prepared], sizes),
+        )
+        x = torch.cat([c.x for c in prepared])
+        modulation = torch.cat([c.modulation for c in prepared])
+        text = TextContext.cat([c.text for c in prepared])
+        x = run_blocks(self.blocks, x, modulation, text, ctx)
+        return [self._finish(call, part) for call, part in zip(prepared, x.split(sizes))]
+
+    def _prepare(
+        self,
+        hidden_states: torch.Tensor,
+        timestep: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        *,
+        text_context: TextContext | None = None,
+        attention_pattern: AttentionPattern | None = None,
+        kv_cache: KVCache | None = None,
+        frame_offset: int = 0,
+        update_cache: bool = False,
+        rope_mode: RopePositionMode | str = RopePositionMode.ABSOLUTE,
+        position_shift: int | None = None,
+        sequence_parallel: SequenceParallel | None = None,
+    ) -> _Call:
+        """What :meth:`forward` does before the blocks: positions, the attention context, patch and
+        time embeddings (steps 1-3)."""
         batch, _, num_frames, height, width = hidden_states.shape
         p_t, p_h, p_w = self.config.patch_size
         frames, grid_h, grid_w = num_frames // p_t, height // p_h, width // p_w
@@ -779,26 +907,40 @@ class CausalWanTransformer(ModelMixin, ConfigMixin, PeftAdapterMixin):  # type: 
             modulation = modulation.unflatten(0, (batch, frames))  # (B, F, 6, D)
         modulation = self._text_modulation(modulation, text_context)
 
-        # 4. blocks
-        if torch.is_grad_enabled() and self.gradient_checkpointing:
-            for layer, block in enumerate(self.blocks):
-                x = self._gradient_checkpointing_func(block, x, modulation, text_context, ctx, layer)
-        else:
-            x = (self._compiled_blocks or run_blocks)(self.blocks, x, modulation, text_context, ctx)
-        if kv_cache is not None and update_cache:
+        return _Call(
+            x,
+            temb,
+            modulation,
+            text_context,
+            ctx,
+            kv_cache,
+            update_cache,
+            frame_offset,
+            batch,
+            frames,
+            grid_h,
+            grid_w,
+            frame_tokens,
+            sequence_parallel,
+        )
+
+    def _finish(self, call: _Call, x: torch.Tensor) -> torch.Tensor:
+        """What :meth:`forward` does after the blocks: the cache write, output norm, projection,
+        unpatchify (step 5)."""
+        kv_cache, ctx, frames = call.kv_cache, call.ctx, call.frames
+        if kv_cache is not None and call.update_cache:
             if ctx.staged is not None:
-                kv_cache.write(slice(None), ctx.staged[0], ctx.staged[1], frame_offset)
-            kv_cache.commit(frame_offset, frames)
+                kv_cache.write(slice(None), ctx.staged[0], ctx.staged[1], call.frame_offset)
+            kv_cache.commit(call.frame_offset, frames)
 
         # 5. output norm, projection, unpatchify
+        temb = call.temb
         table = self.scale_shift_table if temb.ndim == 2 else self.scale_shift_table[:, None]
         out_shift, out_scale = (table + temb.unsqueeze(-2)).unbind(-2)
         x = _modulate(self.norm_out(x.float()), out_shift, out_scale, ctx.frame_tokens).type_as(x)
         x = self.proj_out(x)
-        if sequence_parallel is not None:
-            x = sequence_parallel.gather(x, frame_tokens)  # (B, F * H' * W', C * p_t * p_h * p_w)
-        x = x.reshape(batch, frames, grid_h, grid_w, p_t, p_h, p_w, -1)
-        out = x.permute(0, 7, 1, 4, 2, 5, 3, 6).flatten(6, 7).flatten(4, 5).flatten(2, 3)
-        if not return_dict:
-            return (out,)
-        return Transformer2DModelOutput(sample=out)
+        if call.sequence_parallel is not None:
+            x = call.sequence_parallel.gather(x, call.frame_tokens)  # (B, F * H' * W', C * p_t * p_h * p_w)
+        p_t, p_h, p_w = self.config.patch_size
+        x = x.reshape(call.batch, frames, call.grid_h, call.grid_w, p_t, p_h, p_w, -1)
+        return x.permute(0, 7, 1, 4, 2, 5, 3, 6).flatten(6, 7).flatten(4, 5).flatten(2, 3)

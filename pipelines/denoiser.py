@@ -24,6 +24,7 @@ import torch
 
 from vidgen.attention import AttentionPattern
 from vidgen.models import CausalWanTransformer, KVCache, RopePositionMode, TextContext
+from vidgen.pipelines.batching import current_batcher
 from vidgen.pipelines.scheduler import FlowSchedule, add_noise, timestep_of
 
 
@@ -209,9 +210,9 @@ class ChunkDenoiser:
         joint=False,
         position_shift=None,
     ) -> torch.Tensor:
-        return self.model(
-            x.to(self.model.dtype),
-            timestep_of(sig).to(self.model.dtype),
+        kwargs = dict(
+            hidden_states=x.to(self.model.dtype),
+            timestep=timestep_of(sig).to(self.model.dtype),
             text_context=conditioning.batched(),
             kv_cache=cache,
             frame_offset=frame_offset,
@@ -219,8 +220,11 @@ class ChunkDenoiser:
             rope_mode=self.rope_mode,
             position_shift=position_shift,
             attention_pattern=self._pattern(latents, cache, frame_offset, joint),
-            return_dict=False,
-        )[0]
+        )
+        batcher = current_batcher()  # a session stepped with others (vidgen.pipelines.batching)
+        if batcher is not None:
+            return batcher.call(self.model, kwargs)
+        return self.model(**kwargs, return_dict=False)[0]
 
     @torch.no_grad()
     def denoise(

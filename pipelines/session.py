@@ -31,7 +31,9 @@ import contextvars
 import dataclasses
 import importlib
 import json
+import math
 import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -41,9 +43,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from vidgen.config import ConfigError, VidgenConfig, vocabulary_module
+from vidgen.pipelines.batching import StepBatcher
+from vidgen.pipelines.memory import trim_heap
 from vidgen.pipelines.pipeline import InputError, LongVideoPipeline, StreamControl, VideoChunk
 from vidgen.pipelines.vae_stream import spatial_factor
 from vidgen.request import GenerationRequest, prompt_changes
+
+STATE_FILE = "state.safetensors"
+"""The pipeline's state file in a session's folder (its KV snapshots are beside it, named after it)."""
 
 
 class SessionBackend(Protocol):
@@ -231,6 +238,29 @@ class _Live:
     pulling: bool = False
     """A consumer is reading the session's chunks; it closes a stopped session when done."""
     last_active: float = field(default_factory=time.monotonic)
+    folder: Path | None = None
+    """Where the stream saves its state after each chunk (None: nowhere)."""
+    history: dict[int, _Saved] = field(default_factory=dict)
+    """The saved state after each of the last chunks, by chunk index (rewind and fork)."""
+    stepping: threading.RLock = field(default_factory=threading.RLock)
+    """Held while the stream makes a chunk, and while a rewind replaces the stream."""
+
+    @property
+    def history_bytes(self) -> int:
+        return sum(saved.size for saved in self.history.values())
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """A session's state after one chunk: the files its stream saved then (the state, and a KV
+    snapshot where ``runtime.kv_snapshot_every`` writes one), and the frame the next chunk starts at."""
+
+    frame_end: int
+    files: dict[str, bytes]
+
+    @property
+    def size(self) -> int:
+        return sum(len(data) for data in self.files.values())
 
 
 class SessionManager:
@@ -246,6 +276,16 @@ class SessionManager:
     stays until it is stopped or evicted, so that it can be extended; an idle one is evicted when
     another opens, or by a server's own timer (:meth:`idle`, :meth:`evict`). With ``limits`` a
     request beyond a server's bounds is refused at :meth:`open` (and :attr:`info` states them).
+
+    ``batch_sessions`` > 1: sessions whose chunks are made at the same time, on their own threads
+    (each page client's, a Serve replica's compute threads), run their transformer calls as one
+    batched forward, up to that many sessions in one (:mod:`vidgen.pipelines.batching`), and
+    ``batch_lanes`` such forwards at once; each session's frames are those it makes alone.
+
+    ``history_mb``: each session keeps its state after each of its last chunks, up to this many MB
+    (the oldest go first; 0: none), so that it can go back (:meth:`rewind`) or branch off
+    (:meth:`fork`) at any chunk it still holds; a rewind with the same prompt continues as the
+    video did, frame for frame.
     """
 
     def __init__(
@@ -257,8 +297,14 @@ class SessionManager:
         new_id: Callable[[], str] | None = None,
         streamer: Callable[..., Iterator[VideoChunk]] | None = None,
         limits: RequestLimits | None = None,
+        batch_sessions: int = 1,
+        batch_lanes: int = 1,
+        history_mb: float = 64.0,
     ) -> None:
         self.pipe = pipe
+        self.history_bytes = int(history_mb * 2**20)
+        self._scratch: Path | None = None  # state folders of sessions that do not persist
+        self.batcher = StepBatcher(batch_sessions, batch_lanes) if batch_sessions > 1 else None
         self.streamer = streamer or pipe.stream
         self.limits = limits
         self.persist_dir = Path(persist_dir) if persist_dir else None
@@ -318,11 +364,27 @@ class SessionManager:
         """The session's stream: without end, under the storyboard as changed so far."""
         run = dataclasses.replace(record.request, prompt=None, storyboard=record.storyboard, seconds=None)
         control = StreamControl()
-        state = self.persist_dir / session_id / "state.safetensors" if self.persist_dir else None
+        folder = self._folder(session_id)
+        state = folder / STATE_FILE if folder is not None else None
         stream = self.streamer(**run.stream_kwargs(), control=control, state_path=state, resume=resume)
         overrides = run.config_overrides()
         config = self.pipe.config.replace(**overrides) if overrides else self.pipe.config
-        return _Live(record, stream, control, contextvars.copy_context(), config.generation.fps)
+        live = _Live(record, stream, control, contextvars.copy_context(), config.generation.fps)
+        live.folder = folder
+        return live
+
+    def _folder(self, session_id: str) -> Path | None:
+        """Where a session's stream saves its state: its persisted folder, or (with a history) a
+        folder of this manager's own, removed when the session closes."""
+        if self.persist_dir is not None:
+            return self.persist_dir / session_id
+        if not self.history_bytes:
+            return None
+        if self._scratch is None:
+            self._scratch = Path(tempfile.mkdtemp(prefix="vidgen-sessions-"))
+        folder = self._scratch / session_id
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
 
     def _restore(self, session_id: str) -> _Live | None:
         folder = self.persist_dir / session_id if self.persist_dir else None
@@ -378,6 +440,12 @@ class SessionManager:
     def next_chunk(self, session_id: str) -> VideoChunk | None:
         """The session's next frames, or None when it is stopped or has reached its length."""
         live = self.get(session_id)
+        with live.stepping:
+            if self.sessions.get(session_id) is not live:  # rewound while this waited
+                live = self.get(session_id)
+            return self._next_chunk(session_id, live)
+
+    def _next_chunk(self, session_id: str, live: _Live) -> VideoChunk | None:
         record = live.record
         while True:
             if live.stopped or (record.limit_frames is not None and record.delivered >= record.limit_frames):
@@ -392,10 +460,12 @@ class SessionManager:
                         record.storyboard, (live.frame_end - record.opening_frames) / live.fps, prompt
                     )
                 try:
-                    chunk = live.context.run(next, live.stream)
+                    with self.batcher.member() if self.batcher is not None else contextlib.nullcontext():
+                        chunk = live.context.run(next, live.stream)
                 except StopIteration:
                     return None
                 live.frame_end = chunk.frame_start + len(chunk.frames)
+                self._remember(live, chunk)
             after = _after(chunk, record.delivered, live.fps)  # a restored stream makes some frames again
             if after is not None:
                 chunk = after
@@ -426,6 +496,101 @@ class SessionManager:
             live.record.limit_frames += round(seconds * live.fps)
             if self.persist_dir is not None:
                 live.record.save(self.persist_dir / session_id)
+
+    def rewind(self, session_id: str, seconds: float, prompt: str | None = None) -> float:
+        """Take back the last ``seconds`` of the session's video: it goes on from the newest chunk
+        boundary at or before that point whose state it still holds (its start at the latest),
+        with ``prompt`` from there if given. Prompt changes made after that point are dropped;
+        with the same prompt the video continues as it did, frame for frame. Returns the time the
+        session now stands at, in seconds of its video (what it hands out next starts there)."""
+        _check_seconds("seconds", seconds)
+        self._check_history()
+        live = self.get(session_id)
+        with live.stepping:
+            live = self.get(session_id)
+            chunk, saved = self._saved_at(live, live.record.delivered - round(seconds * live.fps))
+            record = _branch(live.record, saved, live.fps, prompt)
+            live.context.run(_close, live.stream)  # the old branch's cache is freed
+            fresh = self._restart(session_id, record, saved)
+            fresh.history = {k: v for k, v in live.history.items() if k <= chunk}
+            fresh.pulling, fresh.stepping = live.pulling, live.stepping
+            with self.lock:
+                self.sessions[session_id] = fresh
+            return record.delivered / live.fps
+
+    def fork(self, session_id: str, at_seconds: float, prompt: str | None = None) -> str:
+        """A new session that is this one's video up to ``at_seconds`` (the newest chunk boundary
+        at or before it whose state is held) and goes on from there, with ``prompt`` if given; this
+        session goes on unchanged. Returns the new session's id; its reading starts at that point."""
+        _check_seconds("at_seconds", at_seconds)
+        self._check_history()
+        live = self.get(session_id)
+        with live.stepping:
+            frame = min(round(at_seconds * live.fps), live.record.delivered)
+            chunk, saved = self._saved_at(live, frame)
+            record = _branch(live.record, saved, live.fps, prompt)
+            new_id = self.new_id()
+            branch = self._restart(new_id, record, saved)
+            branch.history = {k: v for k, v in live.history.items() if k <= chunk}
+        with self.lock:
+            self.sessions[new_id] = branch
+        return new_id
+
+    def history(self, session_id: str) -> dict[str, Any]:
+        """What a session can go back to: the chunk boundaries held (seconds of its video), the
+        bytes they take and the budget, and its prompts as changed so far (seconds, prompt)."""
+        live = self.get(session_id)
+        fps, opening = live.fps, live.record.opening_frames
+        return {
+            "position": live.record.delivered / fps,
+            "boundaries": [0.0] + [saved.frame_end / fps for _, saved in sorted(live.history.items())],
+            "bytes": live.history_bytes,
+            "budget": self.history_bytes,
+            "prompts": [(t + opening / fps, p) for t, p in live.record.storyboard],
+        }
+
+    def _check_history(self) -> None:
+        if not self.history_bytes:
+            raise InputError("this server keeps no session history (history_mb=0): it cannot rewind or fork")
+
+    def _remember(self, live: _Live, chunk: VideoChunk) -> None:
+        """Keep the state the stream saved after the chunk before ``chunk`` (a stream saves a
+        chunk's state when the next one is asked for), dropping the oldest beyond the budget."""
+        if not self.history_bytes or live.folder is None or chunk.index == 0:
+            return
+        files = {
+            path.name: path.read_bytes()
+            for path in sorted(live.folder.glob(STATE_FILE + "*"))
+            if not path.name.endswith(".tmp")
+        }
+        if STATE_FILE not in files:
+            return
+        live.history[chunk.index - 1] = _Saved(chunk.frame_start, files)
+        while live.history_bytes > self.history_bytes and len(live.history) > 1:
+            del live.history[min(live.history)]
+
+    @staticmethod
+    def _saved_at(live: _Live, frame: int) -> tuple[int, _Saved | None]:
+        """The newest held state at or before ``frame``: (its chunk, the state); (-1, None): the start."""
+        held = [(k, saved) for k, saved in live.history.items() if saved.frame_end <= frame]
+        if not held:
+            return -1, None
+        return max(held, key=lambda item: item[0])
+
+    def _restart(self, session_id: str, record: SessionRecord, saved: _Saved | None) -> _Live:
+        """A stream for ``record`` that takes up ``saved``, or starts afresh without one."""
+        folder = self._folder(session_id)
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            for old in folder.glob(STATE_FILE + "*"):
+                old.unlink()
+            for name, data in (saved.files if saved is not None else {}).items():
+                (folder / name).write_bytes(data)
+            if self.persist_dir is not None:
+                record.save(folder)
+        live = self._start(session_id, record, resume=saved is not None)
+        live.frame_end = record.delivered
+        return live
 
     def stop(self, session_id: str) -> None:
         """End the session for good (its persisted state too). One being read ends before its
@@ -473,12 +638,16 @@ class SessionManager:
             live.control.stop()
             live.context.run(_drain, live.stream)
         live.context.run(_close, live.stream)  # drops the generator's frame: the KV cache is freed
-        if forget:
+        if forget or self.persist_dir is None:  # a session that does not persist is gone
             self._forget(session_id)
+        del live
+        trim_heap()  # its cache's memory back to the system, not kept in a thread's arena
 
     def _forget(self, session_id: str) -> None:
         if self.persist_dir is not None:
             shutil.rmtree(self.persist_dir / session_id, ignore_errors=True)
+        elif self._scratch is not None:
+            shutil.rmtree(self._scratch / session_id, ignore_errors=True)
 
     def close(self) -> None:
         """Drop every live session without saving anything more (what is on disk stays)."""
@@ -486,6 +655,9 @@ class SessionManager:
             lives, self.sessions = list(self.sessions.values()), {}
         for live in lives:
             live.context.run(_close, live.stream)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
     def describe(self) -> dict[str, Any]:
         with self.lock:
@@ -494,6 +666,7 @@ class SessionManager:
                 "reading": sorted(sid for sid, live in self.sessions.items() if live.pulling),
                 "evicted": self.evicted,
                 "restored": self.restored,
+                **({"batched": dataclasses.asdict(self.batcher.stats)} if self.batcher is not None else {}),
             }
 
 
@@ -542,6 +715,30 @@ def _opening_frames(request: GenerationRequest) -> int:
     except (FileNotFoundError, ValueError) as err:
         raise InputError(str(err).splitlines()[0]) from None
     return 0
+
+
+def _check_seconds(name: str, value: Any) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise InputError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+
+
+def _branch(record: SessionRecord, saved: _Saved | None, fps: int, prompt: str | None) -> SessionRecord:
+    """``record`` taken back to ``saved`` (None: the start): the prompt changes made before that
+    point, then ``prompt`` from it."""
+    frame = saved.frame_end if saved is not None else 0
+    at = max(0.0, (frame - record.opening_frames) / fps)  # storyboard times count after the opening
+    board = [entry for index, entry in enumerate(record.storyboard) if index == 0 or entry[0] < at - 1e-9]
+    if prompt is not None and prompt.strip():
+        if at <= 1e-9:
+            board = [(0.0, prompt.strip())]
+        else:
+            _add_change(board, at, prompt.strip())
+    return dataclasses.replace(record, storyboard=board, delivered=frame, pending_prompt=None)
 
 
 def _drain(stream: Iterator[VideoChunk]) -> None:

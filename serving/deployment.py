@@ -100,6 +100,9 @@ class SessionReplica:
         loopback: bool = False,
         group_settings: GroupSettings | None = None,
         limits: RequestLimits | None = None,
+        batch_sessions: int = 1,
+        history_mb: float = 64.0,
+        batch_lanes: int = 1,
     ) -> None:
         import os
         import uuid
@@ -127,9 +130,14 @@ class SessionReplica:
             new_id=lambda: f"{self.replica_id}.{uuid.uuid4().hex}",
             streamer=self.group.leader if self.group is not None else None,
             limits=limits,
+            # a group's ranks make one chunk at a time, in step: neither batched nor rewound
+            batch_sessions=batch_sessions if self.group is None else 1,
+            batch_lanes=batch_lanes,
+            history_mb=history_mb if self.group is None else 0.0,
         )
-        # one compute thread: the pipeline runs one chunk at a time
-        self.compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vidgen-compute")
+        # compute threads: one chunk at a time, or as many as are batched together
+        threads = batch_sessions * batch_lanes if self.store.batcher is not None else 1
+        self.compute = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="vidgen-compute")
         self._closing = threading.Event()
         every = check_every_s if check_every_s is not None else max(0.05, min(idle_timeout_s / 4, 30.0))
         self._evictor = threading.Thread(target=self._evict_loop, args=(every,), daemon=True)
@@ -164,6 +172,15 @@ class SessionReplica:
 
     async def stop(self, session_id: str) -> None:
         await self._run(self.store.stop, session_id)
+
+    async def rewind(self, session_id: str, seconds: float, prompt: str | None = None) -> float:
+        return await self._run(self.store.rewind, session_id, seconds, prompt)
+
+    async def fork(self, session_id: str, at_seconds: float, prompt: str | None = None) -> str:
+        return await self._run(self.store.fork, session_id, at_seconds, prompt)
+
+    async def history(self, session_id: str) -> dict[str, Any]:
+        return self.store.history(session_id)
 
     async def holds(self, session_id: str) -> dict[str, Any]:
         """Which replica answered, and whether the session is live in its memory."""
@@ -216,11 +233,16 @@ def deployment(
     sp: int = 1,
     rendezvous_root: str | Path | None = None,
     limits: RequestLimits | None = None,
+    batch_sessions: int = 1,
+    history_mb: float = 64.0,
+    batch_lanes: int = 1,
 ):
     """The bound Serve application: ``replicas`` copies of :class:`SessionReplica`, each one
     ``sp`` processes (the replica and ``sp - 1`` followers, on one node) with ``cpus_per_replica``
     CPUs (or a GPU) each; ``rendezvous_root``: where their groups meet (see ``GroupSettings``);
-    ``limits``: each replica refuses requests beyond them at ``open``."""
+    ``limits``: each replica refuses requests beyond them at ``open``; ``batch_sessions``: sessions
+    a replica steps at once, batched (:class:`~vidgen.pipelines.session.SessionManager`);
+    ``history_mb``: the states each session keeps for rewind and fork."""
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
@@ -251,7 +273,18 @@ def deployment(
         **placement,
     )
     persist = str(persist_dir) if persist_dir else None
-    return cls.bind(spec, persist, idle_timeout_s, check_every_s, loopback, group, limits)
+    return cls.bind(
+        spec,
+        persist,
+        idle_timeout_s,
+        check_every_s,
+        loopback,
+        group,
+        limits,
+        batch_sessions,
+        history_mb,
+        batch_lanes,
+    )
 
 
 class RaySessions:
@@ -283,6 +316,9 @@ class RaySessions:
         sp: int = 1,
         sp_kind: str | None = None,
         limits: RequestLimits | None = None,
+        batch_sessions: int = 1,
+        history_mb: float = 64.0,
+        batch_lanes: int = 1,
     ) -> RaySessions:
         """Deploy the pipeline (``model``, ``config``, ``overrides`` as in ``from_pretrained``) on
         ``replicas`` Serve replicas (None: one per ``sp`` GPUs, or one on a CPU-only cluster).
@@ -291,6 +327,9 @@ class RaySessions:
         ``sp_kind``: ``"ulysses"``, ``"ring"`` or ``"auto"`` (None: the config's
         ``runtime.sp_kind``). A degree the model cannot run raises ``DegreeError`` before Ray starts.
         ``limits``: a server's bounds on one request, enforced by every replica.
+        ``batch_sessions``: sessions each replica steps at once as one batched forward (1: in
+        turns; with ``sp`` > 1 always in turns), ``batch_lanes`` such forwards at once; ``history_mb``: each session's states kept for
+        :meth:`rewind` and :meth:`fork` (none with ``sp`` > 1).
         """
         from vidgen.distributed.ray_cluster import DegreeError, RayParallelism
         from vidgen.pipelines.loading import resolve_model
@@ -333,6 +372,9 @@ class RaySessions:
             loopback=loopback,
             rendezvous_root=scratch,
             limits=limits,
+            batch_sessions=batch_sessions,
+            history_mb=history_mb,
+            batch_lanes=batch_lanes,
         )
         handle = serve.run(app, name=app_name, route_prefix=None)
         return cls(handle, app_name, owns_ray=started == "local", scratch=scratch)
@@ -385,6 +427,17 @@ class RaySessions:
     def extend(self, session_id: str, seconds: float) -> None:
         """More seconds for a session that reached its length; read them with :meth:`chunks`."""
         self._result(self._session(session_id).extend.remote(session_id, seconds))
+
+    def rewind(self, session_id: str, seconds: float, prompt: str | None = None) -> float:
+        """As ``SessionManager.rewind``, on the session's replica."""
+        return self._result(self._session(session_id).rewind.remote(session_id, seconds, prompt))
+
+    def fork(self, session_id: str, at_seconds: float, prompt: str | None = None) -> str:
+        """As ``SessionManager.fork``: the branch lives on the same replica (its id says which)."""
+        return self._result(self._session(session_id).fork.remote(session_id, at_seconds, prompt))
+
+    def history(self, session_id: str) -> dict[str, Any]:
+        return self._result(self._session(session_id).history.remote(session_id))
 
     def replica_of(self, session_id: str) -> dict[str, Any]:
         """``{"replica": id, "live": bool}`` from the replica this session's requests reach."""

@@ -4,8 +4,7 @@
 - ``handlers``: what Generate, Change prompt and Stop do;
 - ``live``: a session's chunks to stream segments, live figures and the MP4;
 - ``form``: the form to a checked ``GenerationRequest``;
-- ``files``: the server's own folder;
-- ``memory``: handing the C heap's freed memory back (``trim_heap``).
+- ``files``: the server's own folder.
 
 Importing this package loads neither Gradio nor a model.
 """

@@ -135,7 +135,7 @@ def build_app(
         Upscale(settings.upscale, settings.resample),
         # the streams (up to settings.streams) take turns for the slots chunk by chunk: a video
         # that runs until stopped does not hold a slot while others wait
-        turns=Turns(settings.concurrency),
+        turns=Turns(settings.concurrency * settings.batch_sessions),
         time_limit=settings.max_session_seconds or None,
     )
     handlers = LiveHandlers(backend, info, files, stream)
@@ -323,23 +323,42 @@ def open_backend(
     *,
     sp: int = 1,
     sp_kind: str | None = None,
+    batching: tuple[int, int] = (1, 1),
+    history_mb: float = 64.0,
 ) -> tuple[SessionBackend, ModelInfo]:
     """Loads the model behind the page: in this process (``local``) or on Ray Serve (``ray``, each
     replica ``sp`` processes splitting every video's tokens by ``sp_kind``); ``limits``: the
-    server's bounds on one request, enforced where sessions open."""
+    server's bounds on one request, enforced where sessions open; ``batching``: (sessions per
+    batched forward, forwards at once); ``history_mb``: each session's states kept for rewinds."""
     from vidgen.pipelines import LongVideoPipeline
     from vidgen.pipelines.session import SessionManager
 
+    sessions: SessionBackend
     if kind == "ray":
         try:
             from vidgen.serving import RaySessions  # the SessionBackend protocol, plus .info
         except ImportError as err:
             raise InputError(f"--backend ray: {err} (pip install 'vidgen[distributed]')") from None
-        sessions = RaySessions.from_pretrained(model, config=config, limits=limits, sp=sp, sp_kind=sp_kind)
+        sessions = RaySessions.from_pretrained(
+            model,
+            config=config,
+            limits=limits,
+            sp=sp,
+            sp_kind=sp_kind,
+            batch_sessions=batching[0],
+            batch_lanes=batching[1],
+            history_mb=history_mb,
+        )
     elif sp != 1:
         raise InputError(f"--sp {sp} applies to --backend ray (the local backend is one process)")
     else:
-        sessions = SessionManager(LongVideoPipeline.from_pretrained(model, config=config), limits=limits)
+        sessions = SessionManager(
+            LongVideoPipeline.from_pretrained(model, config=config),
+            limits=limits,
+            batch_sessions=batching[0],
+            batch_lanes=batching[1],
+            history_mb=history_mb,
+        )
     return sessions, sessions.info
 
 
@@ -411,7 +430,16 @@ def run_server(
         raise InputError("vidgen serve needs Gradio: pip install 'vidgen[ui]'")
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     limits = RequestLimits(settings.max_side, settings.max_steps)
-    sessions, info = open_backend(backend, model, config, limits, sp=sp, sp_kind=sp_kind)
+    sessions, info = open_backend(
+        backend,
+        model,
+        config,
+        limits,
+        sp=sp,
+        sp_kind=sp_kind,
+        batching=(settings.batch_sessions, settings.concurrency),
+        history_mb=settings.history_mb,
+    )
     files = ServerFiles.create(settings.file_ttl)
     # Gradio reads these when it is imported (build_app imports it): its uploads, served copies
     # and scratch files then live inside the server's folder, and go with it

@@ -18,12 +18,12 @@ from typing import Any
 
 import gradio as gr
 
+from vidgen.pipelines.memory import trim_heap
 from vidgen.pipelines.session import ModelInfo, SessionBackend
 from vidgen.request import GenerationRequest
 from vidgen.ui.files import ServerFiles
 from vidgen.ui.form import Form, FormError, build_request
 from vidgen.ui.live import ACTION_NAMES, LiveStats, LiveUpdate, Turns, live_stream, stop_session
-from vidgen.ui.memory import trim_heap
 from vidgen.validation import InputError
 from vidgen.video import Upscale
 from vidgen.video.naming import video_file_name

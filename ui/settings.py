@@ -28,7 +28,12 @@ class ServeSettings:
     """How the server runs (``vidgen serve`` options); every field is checked on creation."""
 
     concurrency: int = 1
-    """Chunks generated at the same time; the streams take turns for these slots chunk by chunk."""
+    """Chunk steps made at the same time; the streams take turns for these slots chunk by chunk."""
+    batch_sessions: int = 4
+    """Streams whose chunks one slot makes together, as one batched transformer call per step
+    (1: one stream per slot)."""
+    history_mb: float = 64.0
+    """Each stream's states kept so that it can go back (the page's "back" control), in MB."""
     streams: int = 4
     """Videos streamed at the same time (each holds its own KV cache); more wait in the queue."""
     queue_size: int = 8
@@ -58,6 +63,8 @@ class ServeSettings:
 
         self.concurrency = whole("--concurrency", self.concurrency, 1, MAX_SLOTS)
         self.streams = whole("--streams", self.streams, 1, MAX_SLOTS)
+        self.batch_sessions = whole("--batch-sessions", self.batch_sessions, 1, MAX_SLOTS)
+        self.history_mb = number("--history-mb", self.history_mb, 0.0, 1 << 20)
         self.queue_size = whole("--queue-size", self.queue_size, 1, MAX_QUEUE)
         self.file_ttl = number("--file-ttl", self.file_ttl, 1.0, MAX_TTL)
         self.segment_seconds = number("--segment-seconds", self.segment_seconds, 1.0, MAX_SEGMENT_SECONDS)

@@ -93,6 +93,27 @@ def test_idle_session_is_evicted_then_resumes_from_its_persisted_cache(sessions,
     sessions.stop(sid)
 
 
+def test_a_session_is_rewound_and_forked_on_its_replica(sessions, pipe):
+    """Through the handle as through SessionManager: back one second with the same prompt, the
+    same frames again; a fork with another prompt lives on the same replica and makes the video
+    whose storyboard changes there."""
+    sid = sessions.open(GenerationRequest(prompt=RED, seconds=2.0, seed=21))
+    whole = _read(sessions, sid)
+    at = sessions.rewind(sid, 1.0)
+    assert 0 < at <= 1.0 and sessions.history(sid)["position"] == at
+    rest = _read(sessions, sid)
+    start = round(at * 16)
+    np.testing.assert_array_equal(rest, whole[start:])
+    branch = sessions.fork(sid, 0.5, prompt=BLUE)
+    assert owner_of(branch) == owner_of(sid)
+    forked = _read(sessions, branch)
+    fork_at = sessions.history(branch)["prompts"][-1][0]
+    expected = _uninterrupted(pipe, 2.0, 21, [(0.0, RED), (fork_at, BLUE)])
+    assert_frames_match(forked, expected[len(expected) - len(forked) :])
+    for session in (sid, branch):
+        sessions.stop(session)
+
+
 def test_a_session_started_from_an_image_opens_with_it(sessions, pipe, tmp_path):
     from PIL import Image
 

@@ -229,7 +229,7 @@ def test_trim_heap_hands_freed_memory_back_on_glibc():
     # blocks land (old holes, already handed back or not), and the freed memory varied from run to run
     check = """
 import psutil
-from vidgen.ui.memory import trim_heap
+from vidgen.pipelines.memory import trim_heap
 process = psutil.Process()
 blocks = [bytes(4000) + bytes([k % 256]) for k in range(50_000)]  # ~200 MB of heap, not mmap
 pinned = blocks[63::64]  # the freed runs lie between live blocks, where free() returns nothing

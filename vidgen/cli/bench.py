@@ -170,12 +170,34 @@ def _add_quantize_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
 
 
+def _add_sessions_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sessions",
+        type=_positive_ints,
+        default=[1, 2, 4, 8],
+        metavar="N,N,...",
+        help="concurrent sessions to measure (default 1,2,4,8)",
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=6.0, help="video seconds each session makes (default 6)"
+    )
+    parser.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: as set up)")
+    parser.add_argument(
+        "--lanes",
+        type=int,
+        default=0,
+        help="batched forwards run at once (default: one per torch thread)",
+    )
+
+
 _TARGETS = {
     # target -> (module with main(args), function adding its options)
     "attention": ("vidgen.bench.attention", _add_attention_options),
     "pipeline": ("vidgen.bench.pipeline", _add_pipeline_options),
     "distributed": ("vidgen.bench.distributed", _add_distributed_options),
     "quantize": ("vidgen.bench.quantize", _add_quantize_options),
+    "sessions": ("vidgen.bench.sessions", _add_sessions_options),
 }
 
 

@@ -88,6 +88,21 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help="largest start image or clip accepted; a larger upload is refused (default 32)",
     )
     p.add_argument(
+        "--batch-sessions",
+        type=int,
+        default=4,
+        metavar="N",
+        help="streams whose chunks one --concurrency slot makes together, one batched transformer "
+        "call per step (default 4; 1: one stream per slot)",
+    )
+    p.add_argument(
+        "--history-mb",
+        type=float,
+        default=64.0,
+        metavar="MB",
+        help="states each stream keeps so that it can go back (the page's back control; default 64; 0: none)",
+    )
+    p.add_argument(
         "--max-side",
         type=int,
         metavar="PIXELS",
@@ -128,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
     # every option is checked before the model loads: a mistake is one line, exit status 2
     settings = ServeSettings(
         concurrency=args.concurrency,
+        batch_sessions=args.batch_sessions,
+        history_mb=args.history_mb,
         streams=args.streams,
         queue_size=args.queue_size,
         file_ttl=args.file_ttl,

@@ -1,4 +1,4 @@
-"""The C heap of a long-lived server: handing freed memory back to the system.
+"""The C heap of a long-lived process (a server, a benchmark): handing freed memory back to the system.
 
 Loads only :mod:`ctypes`, so a fresh interpreter can check it without Gradio or a model."""
 
@@ -14,8 +14,9 @@ def trim_heap() -> bool:
     """Hands the C heap's free memory back to the system (glibc's ``malloc_trim``); whether it did.
 
     A chunk's tensors and encoder buffers are freed when its video ends, but glibc keeps freed
-    memory in each thread's arena for reuse, and the page's worker threads spread a video over
-    many arenas: without this the server's memory stays at its highest (measured in the README).
+    memory in each thread's arena for reuse, and the page's worker threads (and the threads of
+    sessions stepped together) spread a video over many arenas: without this the server's memory
+    stays at its highest (measured in the README). ``SessionManager`` calls it as a session closes.
     A no-op on a C library without ``malloc_trim``."""
     global _LIBC
     if _LIBC is False:
@@ -24,4 +25,5 @@ def trim_heap() -> bool:
             _LIBC.malloc_trim  # noqa: B018 - absent outside glibc
         except (OSError, AttributeError):
             _LIBC = None
-    return bool(_LIBC is not None and _LIBC.malloc_trim(0))
+    libc = _LIBC
+    return isinstance(libc, ctypes.CDLL) and bool(libc.malloc_trim(0))
