@@ -23,7 +23,7 @@ def trim_heap() -> bool:
         try:
             _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
             _LIBC.malloc_trim  # noqa: B018 - absent outside glibc
-        except (OSError, AttributeError):
+        except (OSError, AttributeError, ImportError):  # ImportError: at interpreter shutdown
             _LIBC = None
     libc = _LIBC
     return isinstance(libc, ctypes.CDLL) and bool(libc.malloc_trim(0))

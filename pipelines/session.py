@@ -64,6 +64,10 @@ class SessionBackend(Protocol):
 
     def extend(self, session_id: str, seconds: float) -> None: ...
 
+    def rewind(self, session_id: str, seconds: float, prompt: str | None = None) -> float: ...
+
+    def history(self, session_id: str) -> dict[str, Any]: ...
+
 
 class SessionNotFound(KeyError):
     pass

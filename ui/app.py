@@ -6,7 +6,9 @@ window, sink frames, drift correction, attention backend). Generate streams the 
 streaming ``gr.Video``, one MPEG-TS segment (one second by default) per update, with live figures
 (generation frames per second, real-time factor, chunks, a plot of the drift measures) and the
 whole MP4 to download at the end. While it plays, "Change prompt now" applies a new prompt from
-the next chunk and Stop ends it within a chunk.
+the next chunk, "Go back" takes back the last seconds (at most 10) and goes on from there -- with
+the prompt typed above if any, else as the video went -- leaving them out of the download, and
+Stop ends it within a chunk.
 
 It is built on :class:`~vidgen.pipelines.session.SessionBackend`, so any backend with that
 protocol serves it (``--backend local``: the pipeline in this process; ``--backend ray``: Ray
@@ -40,8 +42,9 @@ next to it::
     # mp4 (last update): {"url": ..., ...} of the whole video
 
 While a stream runs, ``client.predict("a blue square moving up on a white background",
-api_name="/change_prompt")`` changes its prompt from the next chunk and
-``client.predict(api_name="/stop")`` stops it (the last update still brings the MP4); both act
+api_name="/change_prompt")`` changes its prompt from the next chunk,
+``client.predict(2.0, "", api_name="/go_back")`` takes back its last two seconds (a prompt in
+place of ``""`` goes on with that prompt) and ``client.predict(api_name="/stop")`` stops it (the last update still brings the MP4); both act
 on the stream this client (its Gradio session) started. ``job.cancel()`` ends it too, and drops
 its files. ``gradio_client`` sends even these through the queue, so while the queue is full call
 them directly: ``httpx.post(url + "gradio_api/run/stop", json={"data": [None], "session_hash":
@@ -124,7 +127,7 @@ def build_app(
     """The page, wired to ``backend`` (queue set up, not launched)."""
     import gradio as gr
 
-    from vidgen.ui.handlers import LiveHandlers, StreamSettings
+    from vidgen.ui.handlers import MAX_BACK_SECONDS, LiveHandlers, StreamSettings
     from vidgen.ui.live import Turns
     from vidgen.video import Upscale
 
@@ -242,6 +245,14 @@ def build_app(
                         elem_id="new-prompt",
                     )
                     change_button = gr.Button("Change prompt now", scale=1, elem_id="change-prompt")
+                with gr.Row(equal_height=True):
+                    back_seconds = gr.Number(
+                        label=f"Seconds to go back (at most {MAX_BACK_SECONDS:g}; a new prompt above applies from there)",
+                        value=2.0,
+                        scale=4,
+                        elem_id="back-seconds",
+                    )
+                    back_button = gr.Button("Go back", scale=1, elem_id="go-back")
                 status = gr.Markdown("Press Generate to start.", label="Status", elem_id="status")
                 with gr.Row():
                     fps = gr.Number(label="Frames per second", value=0, interactive=False, elem_id="fps")
@@ -302,6 +313,9 @@ def build_app(
             queue=False,
             api_name="change_prompt_on_enter",
             api_visibility="private",
+        )
+        back_button.click(
+            handlers.rewind, [back_seconds, new_prompt, session], [status], queue=False, api_name="go_back"
         )
         stop_button.click(handlers.stop, [session], [status], queue=False, api_name="stop")
     demo.queue(default_concurrency_limit=settings.streams, max_size=settings.queue_size)

@@ -11,6 +11,7 @@ only a failure of generation itself raises ``gr.Error`` (and is logged).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +31,10 @@ from vidgen.video.naming import video_file_name
 
 logger = logging.getLogger("vidgen.ui")
 
+MAX_BACK_SECONDS = 10.0
+"""The page's "Go back" takes back at most this much; the download trails the stream by it (and
+a chunk more), so the frames taken back leave it."""
+
 
 @dataclass
 class StreamSettings:
@@ -43,6 +48,8 @@ class StreamSettings:
     """The slots chunks are made in, shared by every stream of the page (None: no turns)."""
     time_limit: float | None = None
     """Wall-clock seconds one video may stream (``--max-session-seconds``; None: no limit)."""
+    max_back: float = MAX_BACK_SECONDS
+    """Most seconds the page's "Go back" takes back (the download holds that much back)."""
 
 
 def drift_table(stats: LiveStats | None):
@@ -192,6 +199,7 @@ class LiveHandlers:
                 upscale=self.settings.upscale,
                 turns=self.settings.turns,
                 time_limit=self.settings.time_limit,
+                hold_seconds=self.settings.max_back + 2.0,  # the boundary before the point, and a chunk
             )
             for update in updates:
                 stats = update.stats
@@ -263,6 +271,34 @@ class LiveHandlers:
         except KeyError:  # the session ended meanwhile
             return "**The video has already ended**: press Generate to start a new one."
         return f"Prompt changes to *{text}* from the next chunk."
+
+    def rewind(self, seconds: float | None, new_prompt: str | None, session_id: str | None = None) -> str:
+        """Takes back the last ``seconds`` of the tab's video; it goes on from the newest chunk
+        boundary before that point, with ``new_prompt`` from there if one is typed (else as it
+        went). Returns the status line, with the prompts of the branch the video is now on.
+
+        Runs outside the queue, as ``change_prompt``."""
+        limit = self.settings.max_back
+        if (
+            seconds is None
+            or isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not math.isfinite(seconds)
+            or not 0 < seconds <= limit
+        ):
+            return f"**Check the form**: seconds back must be a number above 0 and at most {limit:g}."
+        if not self.running(session_id):
+            return "**Nothing is being generated**: press Generate first."
+        prompt = (new_prompt or "").strip() or None
+        try:
+            at = self.backend.rewind(session_id, float(seconds), prompt)
+            prompts = self.backend.history(session_id)["prompts"]
+        except KeyError:  # the session ended meanwhile
+            return "**The video has already ended**: press Generate to start a new one."
+        except InputError as err:
+            return f"**Cannot go back**: {err}"
+        timeline = "; ".join(f"{t:.1f} s *{p}*" for t, p in prompts)
+        return f"Went back to **{at:.1f} s**: the video goes on from there. Prompts: {timeline}."
 
     def stop(self, session_id: str | None = None) -> str:
         """Ends the tab's stream before its next chunk; its cache is freed when it ends."""

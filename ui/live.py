@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from vidgen.pipelines import VideoChunk
 from vidgen.pipelines.session import SessionBackend
 from vidgen.video import Mp4Writer, SegmentWriter, Upscale
@@ -116,7 +118,10 @@ class LiveUpdate:
 
 class LiveRecorder:
     """Cuts frames into stream segments and writes them to ``folder/<file_name>`` too, both
-    enlarged by ``upscale`` (a factor or :class:`~vidgen.video.Upscale`)."""
+    enlarged by ``upscale`` (a factor or :class:`~vidgen.video.Upscale`).
+
+    The MP4 trails the stream by ``hold_seconds``: the newest frames wait in memory, so that a
+    session that goes back (:meth:`rewind`) leaves the frames it took back out of the download."""
 
     def __init__(
         self,
@@ -125,6 +130,7 @@ class LiveRecorder:
         segment_seconds: float = 1.0,
         file_name: str = "video.mp4",
         upscale: Upscale | int | None = None,
+        hold_seconds: float = 0.0,
     ) -> None:
         if segment_seconds < 1:
             raise ValueError(f"stream segments must last at least 1 s, got {segment_seconds}")
@@ -133,17 +139,37 @@ class LiveRecorder:
             self.folder, fps, segment_frames=math.ceil(segment_seconds * fps), upscale=upscale
         )
         self.mp4 = Mp4Writer(self.folder / file_name, fps, upscale=upscale)
+        self.hold_frames = round(hold_seconds * fps)
+        self._held: deque = deque()  # frames not yet in the MP4, oldest first
+        self.frames = 0
+        """Frames of the video so far (after a rewind: of the branch it is on)."""
 
     def add(self, frames) -> list[Path]:
         if len(frames) == 0:
             return []
-        self.mp4.write(frames)
+        self._held.extend(frames)
+        self.frames += len(frames)
+        if len(self._held) > self.hold_frames:
+            count = len(self._held) - self.hold_frames
+            self.mp4.write(np.stack([self._held.popleft() for _ in range(count)]))
         return self.segments.write(frames)
+
+    def rewind(self, frame: int) -> bool:
+        """The video goes on from ``frame``: the frames after it leave the download. False when
+        some of them were in the MP4 already (further back than ``hold_seconds``): those stay."""
+        drop, held = max(0, self.frames - frame), len(self._held)
+        for _ in range(min(drop, held)):
+            self._held.pop()
+        self.frames = min(self.frames, frame)
+        return drop <= held
 
     def finish(self) -> tuple[list[Path], Path | None]:
         """The last (shorter) segment if any, and the MP4 (None when no frame was made)."""
         last = self.segments.flush()
-        if self.segments.frames_written == 0:
+        if self._held:
+            self.mp4.write(np.stack(list(self._held)))
+            self._held.clear()
+        if self.mp4.frames_written == 0:
             self.mp4.abort()
             return last, None
         return last, self.mp4.close()
@@ -205,6 +231,7 @@ def live_stream(
     upscale: Upscale | int | None = None,
     turns: Turns | None = None,
     time_limit: float | None = None,
+    hold_seconds: float = 0.0,
 ) -> Iterator[LiveUpdate]:
     """Yields one :class:`LiveUpdate` per completed segment, then a last one with the MP4.
 
@@ -215,10 +242,13 @@ def live_stream(
     ``file_name``: the downloadable MP4's name; ``upscale``: enlarges segments and MP4.
     ``turns``: each chunk is made in one of its slots (streams sharing a model take turns).
     ``time_limit``: seconds (of ``clock``) after which no further chunk is made, as after Stop.
+    ``hold_seconds``: how far back the session may be rewound (``backend.rewind``) with the MP4
+    following it: a chunk that starts before the frames recorded so far (the session went back)
+    takes the frames after its start out of the MP4 and the figures; the stream plays on.
     """
     stop_event = stop_event or threading.Event()
     stats = LiveStats(fps=float(fps))
-    recorder = LiveRecorder(folder, fps, segment_seconds, file_name, upscale)
+    recorder = LiveRecorder(folder, fps, segment_seconds, file_name, upscale, hold_seconds)
     try:
         chunks = backend.chunks(session_id)
     except KeyError:  # SessionNotFound: stopped, and so closed, before its first chunk
@@ -250,6 +280,14 @@ def live_stream(
                 busy = time.perf_counter() - t0  # the wait for a turn is not generation time
             if chunk is None:
                 break
+            if chunk.frame_start < recorder.frames:  # the session went back: on from there
+                if not recorder.rewind(chunk.frame_start):
+                    logger.warning(
+                        "session %s went back further than the %g s the download holds",
+                        session_id,
+                        hold_seconds,
+                    )
+                stats.frames = min(stats.frames, chunk.frame_start)
             stats.add(chunk, busy)
             for segment in recorder.add(chunk.frames):
                 if started_playing is None:

@@ -129,3 +129,68 @@ def test_a_form_error_is_one_message_in_the_status(server):
             assert page.locator(".toast-body.error").count() == 0
         finally:
             browser.close()
+
+
+def test_go_back_takes_the_last_seconds_out_of_the_video(server, tmp_path):
+    """Generate until stopped, play 3 s, "Go back" 1 s with a new prompt: the status says where the
+    video now stands and lists the branch's prompts; after Stop the download holds exactly the
+    frames of the branch (as many as the status's seconds), not the ones taken back."""
+    from vidgen.video import read_video
+
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1100})
+            console_errors = []
+            page.on("pageerror", lambda e: console_errors.append(str(e)))
+            page.goto(server.url, timeout=60_000)
+            page.wait_for_selector("#generate", timeout=60_000)
+            page.locator("#prompt textarea").fill(PROMPT)
+            page.get_by_label("Until stopped").check()
+            page.click("#generate")
+            poll(lambda: (s := video_state(page)) and s["time"] >= 3.0, 60, "3 s of the stream to play")
+
+            page.locator("#back-seconds input").fill("1")
+            page.locator("#new-prompt textarea").fill(NEW_PROMPT)
+            page.click("#go-back")
+            status = poll(
+                lambda: "Went back to" in (text := page.locator("#status").inner_text()) and text,
+                20,
+                "the page to go back",
+            )
+            assert PROMPT in status and NEW_PROMPT in status  # the branch's prompts, in order
+            went_back_to = float(status.split("Went back to")[1].split("s")[0])
+            poll(
+                lambda: (
+                    (text := page.locator("#status").inner_text()).startswith("Streaming")
+                    and NEW_PROMPT in text
+                ),
+                30,
+                "chunks of the branch with the new prompt",
+            )
+            page.click("#stop")
+            stopped = poll(
+                lambda: "Stopped" in (text := page.locator("#status").inner_text()) and text,
+                20,
+                "the stream to stop",
+            )
+            seconds = float(stopped.split(":")[1].split("s of video")[0])
+            link = page.locator("#download a").first
+            link.wait_for(timeout=20_000)
+            response = page.request.get(
+                server.url.rstrip("/") + link.get_attribute("href")
+                if link.get_attribute("href").startswith("/")
+                else link.get_attribute("href")
+            )
+            assert response.ok
+            (tmp_path / "branch.mp4").write_bytes(response.body())
+            frames, fps = read_video(tmp_path / "branch.mp4")
+            assert abs(len(frames) - seconds * fps) <= 1, (len(frames), seconds)
+            assert seconds > went_back_to
+            # every chunk made, the ones taken back too: the tiny model's first has 5 frames, the
+            # others 8; going back 1 s took back at least 16 of them
+            chunks = int(stopped.split(" in ")[1].split(" chunks")[0])
+            assert len(frames) <= 8 * chunks - 3 - 16, (len(frames), chunks)
+            assert not console_errors, console_errors
+        finally:
+            browser.close()

@@ -107,6 +107,27 @@ def test_prompt_change_and_stop_while_streaming(handlers, tiny_sessions):
     assert "Nothing is being generated" in handlers.change_prompt(NEW_PROMPT, session_id)
 
 
+def test_going_back_while_streaming(handlers, tiny_sessions):
+    """"Go back": refused without a stream or with seconds out of range (a message, no change),
+    else the status says where the video now stands and lists the branch's prompts; the next
+    updates count the branch's seconds."""
+    assert "Nothing is being generated" in handlers.rewind(2.0, "", None)
+    stream = handlers.generate(**form(until_stopped=True))
+    session_id = next(stream)[-1]
+    statuses = [next(stream)[6] for _ in range(4)]  # four 1-s segments
+    for bad in (None, 0, -1.0, float("nan"), 10.5, True):
+        assert handlers.rewind(bad, "", session_id).startswith("**Check the form**"), bad
+    status = handlers.rewind(2.0, NEW_PROMPT, session_id)
+    at = float(status.split("Went back to **")[1].split(" s")[0])
+    before = float(statuses[-1].split("**Streaming** ")[1].split(" s")[0])
+    assert 0 < at <= before - 2.0 + 1e-6 and f"0.0 s *{PROMPT}*; {at:.1f} s *{NEW_PROMPT}*" in status
+    after = next(stream)[6]
+    seconds = float(after.split("**Streaming** ")[1].split(" s")[0])
+    assert seconds < before  # the branch's length
+    handlers.stop(session_id)
+    assert list(stream)[-1][6].startswith("**Stopped**")
+
+
 def test_a_tab_that_goes_away_frees_its_session_and_files(handlers, tiny_sessions, files):
     stream = handlers.generate(**form(until_stopped=True))
     session_id = next(stream)[-1]

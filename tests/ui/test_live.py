@@ -273,3 +273,40 @@ def test_the_time_limit_ends_a_stream_as_stop_does(tmp_path):
     assert describe(last.stats, last).startswith("**Stopped at the server's time limit**")
     untimed = list(live_stream(FakeBackend(flat_colour_clip(16 * 8)), "s", tmp_path, FPS, max_lead=None))
     assert not untimed[-1].time_up and untimed[-1].stats.chunks == 17
+
+
+def test_a_session_that_goes_back_leaves_the_frames_taken_back_out_of_the_download(tiny_sessions, tmp_path):
+    """Mid-stream the session goes back: the chunks that follow start before the frames recorded,
+    the figures count the branch, and the MP4 holds the branch's frames (those before the point
+    gone back to, then the new ones), not the ones taken back."""
+    session_id = tiny_sessions.open(GenerationRequest(prompt=PROMPT, seed=3))  # until stopped
+    stop = threading.Event()
+    stream = live_stream(
+        tiny_sessions, session_id, tmp_path, FPS, max_lead=None, stop_event=stop, hold_seconds=4
+    )
+    updates, went_back, frames_before = [], None, 0
+    for update in stream:
+        updates.append(update)
+        if went_back is None and update.stats.frames >= 3 * FPS:
+            frames_before = update.stats.frames
+            went_back = tiny_sessions.rewind(session_id, 1.5)
+            assert went_back * FPS <= frames_before - 1.5 * FPS
+        elif went_back is not None and update.stats.frames >= went_back * FPS + 2 * FPS:
+            stop.set()
+    last = updates[-1]
+    assert last.done and went_back is not None
+    frames = read_video(last.video)[0]
+    assert len(frames) == last.stats.frames  # the branch: what came before the point, then the new frames
+    made = sum(1 for u in updates if u.segment is not None)  # segments streamed, old branch included
+    assert made * FPS > len(frames)  # the stream played the frames taken back; the download has not
+
+
+def test_the_recorder_takes_back_only_what_it_still_holds(tmp_path):
+    clip = flat_colour_clip(40)
+    recorder = LiveRecorder(tmp_path, FPS, file_name="v.mp4", hold_seconds=1)  # 16 frames held
+    recorder.add(clip[:32])  # 16 in the MP4, 16 held
+    assert recorder.rewind(20) and recorder.frames == 20
+    assert not recorder.rewind(10)  # frames 10-15 are in the MP4 already: they stay
+    recorder.add(clip[:8])
+    _, video = recorder.finish()
+    assert len(read_video(video)[0]) == 16 + 8  # what reached the MP4 before, then the new frames
