@@ -81,7 +81,9 @@ EQUIVALENT: dict[str, dict[str, str]] = {
         "if frames <= self.chunk_frames: :: `<=` -> `<`#1": (
             "a block-causal pattern over a single chunk hides nothing: the same as no pattern"
         ),
-        "return_dict=False, :: `False` -> `True`#1": "the output object's [0] is the same tensor",
+        "return self.model(**kwargs, return_dict=False)[0] :: `False` -> `True`#1": (
+            "the output object's [0] is the same tensor"
+        ),
     },
     "pipelines/drift.py": {
         "if self.mean is None or self.std is None: :: `or` -> `and`#1": (

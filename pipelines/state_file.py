@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -56,7 +57,14 @@ def write_state(
         "sha256": tensors_digest(tensors),
     }
     tmp = Path(f"{os.fspath(path)}.tmp")
-    save_file(tensors, os.fspath(tmp), metadata=metadata)
+    try:
+        save_file(tensors, os.fspath(tmp), metadata=metadata)
+    except SafetensorError as err:  # safetensors reports a refused write as its own error
+        code = re.search(r"os error (\d+)", str(err))
+        if code is None:
+            raise
+        tmp.unlink(missing_ok=True)
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), os.fspath(tmp)) from None
     os.replace(tmp, path)
 
 

@@ -127,6 +127,7 @@ def build_app(
     """The page, wired to ``backend`` (queue set up, not launched)."""
     import gradio as gr
 
+    from vidgen.ui.fields import raw, table
     from vidgen.ui.handlers import MAX_BACK_SECONDS, LiveHandlers, StreamSettings
     from vidgen.ui.live import Turns
     from vidgen.video import Upscale
@@ -160,14 +161,16 @@ def build_app(
             with gr.Column(scale=1):
                 prompt = gr.Textbox(label="Prompt", lines=2, value=EXAMPLE_PROMPT, elem_id="prompt")
                 with gr.Accordion("Storyboard: change the prompt at given times", open=False):
-                    storyboard = gr.Dataframe(
-                        headers=["start (s)", "prompt"],
-                        datatype=["number", "str"],
-                        type="array",
-                        column_count=2,
-                        row_count=1,
-                        label="Storyboard",
-                        elem_id="storyboard",
+                    storyboard = table(
+                        gr.Dataframe(
+                            headers=["start (s)", "prompt"],
+                            datatype=["number", "str"],
+                            type="array",
+                            column_count=2,
+                            row_count=1,
+                            label="Storyboard",
+                            elem_id="storyboard",
+                        )
                     )
                 with gr.Accordion("Start from an image or a video (optional)", open=False):
                     start_file = gr.File(
@@ -177,47 +180,67 @@ def build_app(
                         elem_id="start-file",
                     )
                 with gr.Row():
-                    seconds = gr.Number(
-                        label="Length (seconds)", value=10, minimum=0.5, maximum=g.max_seconds
+                    seconds = raw(
+                        gr.Number(label="Length (seconds)", value=10, minimum=0.5, maximum=g.max_seconds)
                     )
                     until_stopped = gr.Checkbox(label="Until stopped", value=False)
                 with gr.Row():
-                    seed = gr.Number(label="Seed (-1: random)", value=-1, precision=0, minimum=-1)
-                    steps = gr.Slider(
+                    seed = raw(gr.Number(label="Seed (-1: random)", value=-1, precision=0, minimum=-1))
+                    steps = raw(gr.Slider(
                         1, min(max(16, 2 * g.num_inference_steps), info.steps_limit), g.num_inference_steps,
                         step=1, label="Steps",
-                    )  # fmt: skip
+                    ))  # fmt: skip
                 with gr.Row():
                     m = info.size_multiple
-                    height = gr.Number(
-                        label="Height", value=g.height, precision=0, step=m, minimum=m, maximum=info.max_side
+                    height = raw(
+                        gr.Number(
+                            label="Height",
+                            value=g.height,
+                            precision=0,
+                            step=m,
+                            minimum=m,
+                            maximum=info.max_side,
+                        )
                     )
-                    width = gr.Number(
-                        label="Width", value=g.width, precision=0, step=m, minimum=m, maximum=info.max_side
+                    width = raw(
+                        gr.Number(
+                            label="Width",
+                            value=g.width,
+                            precision=0,
+                            step=m,
+                            minimum=m,
+                            maximum=info.max_side,
+                        )
                     )
                 with gr.Accordion("Advanced", open=False):
-                    window_frames = gr.Slider(
+                    window_frames = raw(gr.Slider(
                         0, max(4 * g.window_frames, 8 * step), g.window_frames, step=step,
                         label="Window frames (latent frames of recent context)",
-                    )  # fmt: skip
-                    sink_frames = gr.Slider(
+                    ))  # fmt: skip
+                    sink_frames = raw(gr.Slider(
                         0, max(4 * g.sink_frames, 4 * step), g.sink_frames, step=step,
                         label="Sink frames (opening latent frames always attended to)",
-                    )  # fmt: skip
+                    ))  # fmt: skip
                     anchor_stats = gr.Checkbox(
                         label="Anchor latent statistics (drift correction)", value=d.anchor_stats
                     )
-                    recache_every = gr.Number(
-                        label="Re-cache every N chunks (0: never)",
-                        value=d.recache_every,
-                        precision=0,
-                        minimum=0,
+                    recache_every = raw(
+                        gr.Number(
+                            label="Re-cache every N chunks (0: never)",
+                            value=d.recache_every,
+                            precision=0,
+                            minimum=0,
+                        )
                     )
-                    context_noise = gr.Slider(0, 0.5, g.addnoise_condition, step=0.01, label="Context noise")
-                    backend_choice = gr.Dropdown(
-                        [AUTO_BACKEND, *info.attention_backends],
-                        value=_initial_backend(info),
-                        label="Attention backend",
+                    context_noise = raw(
+                        gr.Slider(0, 0.5, g.addnoise_condition, step=0.01, label="Context noise")
+                    )
+                    backend_choice = raw(
+                        gr.Dropdown(
+                            [AUTO_BACKEND, *info.attention_backends],
+                            value=_initial_backend(info),
+                            label="Attention backend",
+                        )
                     )
                 with gr.Row():
                     generate_button = gr.Button("Generate", variant="primary", elem_id="generate")
@@ -246,11 +269,13 @@ def build_app(
                     )
                     change_button = gr.Button("Change prompt now", scale=1, elem_id="change-prompt")
                 with gr.Row(equal_height=True):
-                    back_seconds = gr.Number(
-                        label=f"Seconds to go back (at most {MAX_BACK_SECONDS:g}; a new prompt above applies from there)",
-                        value=2.0,
-                        scale=4,
-                        elem_id="back-seconds",
+                    back_seconds = raw(
+                        gr.Number(
+                            label=f"Seconds to go back (at most {MAX_BACK_SECONDS:g}; a new prompt above applies from there)",
+                            value=2.0,
+                            scale=4,
+                            elem_id="back-seconds",
+                        )
                     )
                     back_button = gr.Button("Go back", scale=1, elem_id="go-back")
                 status = gr.Markdown("Press Generate to start.", label="Status", elem_id="status")

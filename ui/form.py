@@ -201,7 +201,7 @@ def build_request(form: Form, info: ModelInfo) -> tuple[GenerationRequest, list[
     warnings += fit_warnings(info.config, [text for _, text in board], height, width)
 
     # 4. advanced: per-request config overrides, validated like a config file
-    backend = (form.attention_backend or AUTO_BACKEND).strip()
+    backend = str(form.attention_backend or AUTO_BACKEND).strip()
     if backend != AUTO_BACKEND and info.attention_backends and backend not in info.attention_backends:
         raise FormError(
             f"attention backend {backend!r} cannot run here; choose {AUTO_BACKEND} or one of "

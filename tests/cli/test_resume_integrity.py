@@ -135,3 +135,29 @@ def test_killed_at_random_moments_many_times_resumes_exactly(model, renders, tmp
     _render(*_args(model), "--out", out, *(["--resume"] if parts.exists() else []))
     frames, _ = read_video(out)
     assert np.array_equal(frames, whole)
+
+
+def test_a_full_disk_mid_render_is_one_line_and_the_render_resumes(model, tmp_path):
+    """The disk refuses a write half way (a file size limit, as a full disk or a quota would: the
+    state file outgrows it after a few chunks): one line naming what to do, exit 1, no traceback;
+    the same command with --resume once there is room finishes with the uninterrupted frames."""
+    import resource
+
+    out = tmp_path / "full.mp4"
+
+    def small_files():  # the state file (0.1 MB here) outgrows this after a few chunks
+        resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))
+
+    cmd = [sys.executable, "-m", "vidgen", "render", "--quiet", *map(str, _args(model)), "--out", str(out)]
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, env=_env(), timeout=300, preexec_fn=small_files
+    )
+    assert result.returncode == 1, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "the disk refused a write (File too large)" in lines[0] and "--resume" in lines[0]
+    assert not out.exists() and out.with_name(out.name + ".parts").is_dir()
+    _render(*_args(model), "--out", out, "--resume")
+    whole = tmp_path / "whole.mp4"
+    _render(*_args(model), "--out", whole)
+    np.testing.assert_array_equal(read_video(out)[0], read_video(whole)[0])

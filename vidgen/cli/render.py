@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import shutil
 import sys
@@ -343,13 +344,29 @@ def run(args: argparse.Namespace) -> int:
             if chunk.index >= done:  # a chunk recorded just before an interruption comes again
                 recording.append(chunk.index, chunk.frames)
                 progress.update(len(chunk.frames), chunk.metrics.real_time_factor)
+        recording.finalize(out)
+    except OSError as err:
+        if err.errno not in DISK_REFUSALS:
+            raise
+        progress.close()
+        # what was recorded stays whole (each segment and the state are written whole or not at all)
+        print(
+            f"vidgen render: error: the disk refused a write ({err.strerror}) after "
+            f"{len(recording.completed_chunks())} chunks: make room and run the same command with "
+            f"--resume to go on from there",
+            file=sys.stderr,
+        )
+        return 1
     finally:
         progress.close()
-    recording.finalize(out)
     shutil.rmtree(parts, ignore_errors=True)
     if not args.quiet:
         print(f"vidgen render: wrote {out} ({total_frames} frames)", file=sys.stderr)
     return 0
+
+
+DISK_REFUSALS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+"""Write errors that say the disk (or a quota, or a file size limit) is full, not that vidgen failed."""
 
 
 def _state_fits(state: Path, done: int) -> bool:
