@@ -23,7 +23,11 @@ from vidgen.models import CausalWanTransformer
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("inputs")
+    return make_inputs(tmp_path_factory.mktemp("inputs"))
+
+
+def make_inputs(root: Path) -> dict[str, Path]:
+    """The probe's input files under ``root`` (also ``benchmarks/refusal_costs.py``'s), by name."""
     made = {"model": save_tiny_pipeline(root / "model")}
 
     def png_header(width: int, height: int, name: str) -> None:
@@ -122,14 +126,20 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("line, words", CASES, ids=[c[0].split("--", 1)[-1][:60] for c in CASES])
-def test_one_line_exit_2_nothing_written(files, tmp_path, capsys, line, words):
-    out = tmp_path / "out"
-    out.mkdir()
+def command_line(line: str, files: dict[str, Path], out: Path) -> list[str]:
+    """A case's arguments with its files filled in (``out``: the folder nothing may be written to)."""
     values = {**{k: str(v) for k, v in files.items()}, "out": str(out), "prompt": shlex.quote(PROMPT)}
     argv = shlex.split(line.format(**{k.replace(".", "_"): v for k, v in values.items()}))
     if argv[0] == "render" and "--out" not in argv:
         argv += ["--out", str(out / "video.mp4")]
+    return argv
+
+
+@pytest.mark.parametrize("line, words", CASES, ids=[c[0].split("--", 1)[-1][:60] for c in CASES])
+def test_one_line_exit_2_nothing_written(files, tmp_path, capsys, line, words):
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = command_line(line, files, out)
     started = time.perf_counter()
     code = main(argv)
     elapsed = time.perf_counter() - started

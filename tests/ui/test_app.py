@@ -39,15 +39,15 @@ def demo(tiny_sessions, tmp_path_factory):
 
 def test_endpoints_and_queue(demo):
     public = {fn.api_name for fn in demo.fns.values() if fn.api_visibility == "public"}
-    assert public == {"generate", "change_prompt", "stop"}
+    assert public == {"generate", "change_prompt", "go_back", "stop"}
     by_name = {fn.api_name: fn for fn in demo.fns.values()}
     assert by_name["generate"].queue and by_name["generate"].concurrency_id == "generate"
     # steering a stream must not wait behind the generations in the queue
-    assert not by_name["change_prompt"].queue and not by_name["stop"].queue
+    assert not by_name["change_prompt"].queue and not by_name["stop"].queue and not by_name["go_back"].queue
     # Gradio's slots are the streams; the chunks they make take turns for --concurrency slots
     assert demo._queue.max_size == 3 and demo._queue.default_concurrency_limit == 5
     handlers = by_name["generate"].fn.__self__
-    assert handlers.settings.turns.slots == 2
+    assert handlers.settings.turns.slots == 2 * 4  # each of the 2 slots steps up to 4 streams batched
     # a tab's finished streams are dropped from Gradio's own store, which passes the tab's request
     assert handlers.streams is demo.pending_streams
     assert gr.utils.get_type_hints(by_name["generate"].fn)["page"] == (gr.Request | None)

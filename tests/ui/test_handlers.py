@@ -108,7 +108,7 @@ def test_prompt_change_and_stop_while_streaming(handlers, tiny_sessions):
 
 
 def test_going_back_while_streaming(handlers, tiny_sessions):
-    """"Go back": refused without a stream or with seconds out of range (a message, no change),
+    """ "Go back": refused without a stream or with seconds out of range (a message, no change),
     else the status says where the video now stands and lists the branch's prompts; the next
     updates count the branch's seconds."""
     assert "Nothing is being generated" in handlers.rewind(2.0, "", None)
