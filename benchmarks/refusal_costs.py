@@ -1,6 +1,6 @@
 """What each refusal of issue 54's probe costs, as a user meets it: ``python -m vidgen ...`` in a
 fresh process per case (``tests/cli/test_refusals.py``'s table), its wall time and its peak
-resident memory (the child's own ``ru_maxrss``, from ``os.wait4``).
+resident memory (the child's own ``VmHWM``, read as it exits).
 
     python benchmarks/refusal_costs.py [--out refusals.json]
 
@@ -29,19 +29,34 @@ from tests.cli.test_refusals import CASES, command_line, make_inputs  # noqa: E4
 def run_case(argv: list[str]) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     started = time.perf_counter()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "vidgen", *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    process = subprocess.run(
+        [sys.executable, "-c", CHILD, *argv], env=env, capture_output=True, text=True, timeout=300
     )
-    _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - started
-    err = process.stderr.read().decode(errors="replace").strip().splitlines() if process.stderr else []
+    err = process.stderr.strip().splitlines()
+    peak = [line for line in err if line.startswith(PEAK)]
+    err = [line for line in err if not line.startswith(PEAK)]
     return {
-        "exit": os.waitstatus_to_exitcode(status),
+        "exit": process.returncode,
         "seconds": wall,
-        "peak_mb": usage.ru_maxrss / 1024,  # KiB on Linux
+        "peak_mb": int(peak[-1].split()[1]) / 1024 if peak else float("nan"),  # kB
         "lines": len(err),
         "line": err[0] if err else "",
     }
+
+
+PEAK = "refusal-costs-peak-kb"
+# the child reports its own peak (VmHWM belongs to the process image: a fork's ru_maxrss would
+# count this benchmark's memory too)
+CHILD = f"""
+import atexit, sys
+def peak():
+    status = open("/proc/self/status").read()
+    print("{PEAK}", status.split("VmHWM:")[1].split()[0], file=sys.stderr)
+atexit.register(peak)
+from vidgen.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
 
 
 def main() -> int:
